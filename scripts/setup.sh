@@ -8,7 +8,7 @@ DEPS_ONLY=0
 [[ "${1:-}" == "--deps-only" ]] && DEPS_ONLY=1
 
 APT_PACKAGES=(cmake g++ make pkg-config python3 python3-pip clang libclang-rt-14-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev libbenchmark-dev libopenblas-dev libzstd-dev pybind11-dev libicu-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev libbenchmark-dev libopenblas-dev libzstd-dev pybind11-dev libicu-dev gnuplot-nox
   python3.11-doc debian-handbook postgresql-doc-15)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
