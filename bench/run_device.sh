@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device call: build the GPU-only tree, run the GPU tests (plain, then memcheck/racecheck on a small subset),
+# the benchmark, optionally the tuner; logs and JSON go to $OUT (at most 8 files come back).
+#   bash bench/run_device.sh [STEPS]    STEPS: comma list of build,test,sanitize,bench,tune,sass (default all but tune)
+# Env: BENCH_ARGS (extra `kvpack bench` options), TUNE_ARGS, GTEST_FILTER (for the test step).
+set -u
+STEPS=${1:-build,test,sanitize,bench}
+OUT=${OUT:-/tmp/kvpack_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+B=build-device
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+  nvcc --version | tail -2
+} > "$OUT/env.log" 2>&1
+
+if has build; then
+  stamp "configure+build"
+  { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
+      && cmake --build $B -j16 --target kvpack_gpu_tests kvpack_cli; } > "$OUT/build.log" 2>&1
+  rc=$?; stamp "build rc=$rc"; grep -E "error|registers|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -40
+  [ $rc -eq 0 ] || { tail -50 "$OUT/build.log"; exit 1; }
+fi
+
+if has test; then
+  stamp "gpu tests"
+  ./$B/kvpack_gpu_tests --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/tests.log" 2>&1
+  stamp "gpu tests rc=$?"; grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[       OK|Failure|error" "$OUT/tests.log" | head -60
+fi
+
+if has sanitize; then
+  stamp "compute-sanitizer"
+  S=compute-sanitizer
+  command -v $S >/dev/null || S=/usr/local/cuda/bin/compute-sanitizer
+  small='PagedWriteGpu.OutOfRange*:DecodeGpu.BadArguments*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:PagedDequantGpu.*'
+  { echo "== memcheck"; $S --tool memcheck --error-exitcode 9 ./$B/kvpack_gpu_tests --gtest_filter="$small:PagedWriteGpu.DecodeStep*"; echo "rc=$?";
+    echo "== racecheck"; $S --tool racecheck --error-exitcode 9 ./$B/kvpack_gpu_tests --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*'; echo "rc=$?";
+    echo "== synccheck"; $S --tool synccheck --error-exitcode 9 ./$B/kvpack_gpu_tests --gtest_filter='DecodeGpu.EmptySequence*'; echo "rc=$?";
+  } > "$OUT/sanitizer.log" 2>&1
+  stamp "sanitizer done"; grep -E "^==|ERROR SUMMARY|rc=|PASSED|FAILED" "$OUT/sanitizer.log" | head -30
+fi
+
+if has tune; then
+  stamp "tune"
+  ./$B/kvpack tune ${TUNE_ARGS:-} -o "$OUT/tune.json" > "$OUT/tune.log" 2>&1
+  stamp "tune rc=$?"; tail -5 "$OUT/tune.log"
+fi
+
+if has bench; then
+  stamp "bench"
+  TABLE=""
+  [ -f "$OUT/tune.json" ] && TABLE="--table $OUT/tune.json"
+  ./$B/kvpack bench $TABLE ${BENCH_ARGS:-} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  stamp "bench rc=$?"; grep -vE "^(bf16|fp8|int4|int4h|q4|q3.5|q3) +write" "$OUT/bench.log" | tail -60
+fi
+
+if has sass; then
+  cuobjdump --dump-sass $B/libkvpack_cuda.a 2>/dev/null | grep -cE "HMMA|LDGSTS|LDS.128" > "$OUT/sass_counts.txt" || true
+fi
+stamp "all done"

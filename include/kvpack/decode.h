@@ -1,0 +1,112 @@
+// CUDA paged KV write path and decode attention: plan() on the host, run() only launches.
+//
+// This header is CUDA-free (streams are passed as void*, a cudaStream_t) so host code and the CLI can include it
+// without nvcc. All pointers in *Args are device pointers. Shapes are written beside every pointer.
+//
+// Determinism: decode attention splits every sequence into fixed chunks of kChunkTokens tokens. Each chunk's
+// partial (max, sum, unnormalised output) is computed by the same code whatever CTA runs it, and the partials are
+// folded in chunk order 0, 1, 2, ... by the last CTA of the (sequence, kv head). So the output is bitwise the same
+// for every plan (split count, pipeline depth), every batch composition and every run.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvpack/formats.h"
+#include "kvpack/paged.h"
+
+namespace kvpack {
+
+// Fixed reduction unit of decode attention (tokens). Part of the numerical definition of the output.
+inline constexpr int kChunkTokens = 512;
+
+// Write new K/V tokens (bf16, as the model produced them) into their slots.
+struct WriteArgs {
+  const uint16_t* k = nullptr;             // [num_tokens][num_kv_heads][head_dim] bf16
+  const uint16_t* v = nullptr;             // [num_tokens][num_kv_heads][head_dim] bf16
+  const int32_t* slot_mapping = nullptr;   // [num_tokens]; slot = page * page_size + offset; < 0 = padding
+  int num_tokens = 0;
+  uint8_t* k_pool = nullptr;               // [num_pages][num_kv_heads][head_block_bytes]
+  uint8_t* v_pool = nullptr;               // [num_pages][num_kv_heads][head_block_bytes]
+  int64_t num_pages = 0;
+  FormatParams params;
+  int32_t* status = nullptr;               // device int32 or null; set to 1 when a slot is out of range (skipped)
+};
+// Validates the host-visible arguments (throws kvpack::Error) and launches; never synchronises.
+void write_kv(const PagedLayout& layout, const WriteArgs& args, void* stream = nullptr);
+
+// Slots for appending tokens to sequences in the CSR view, computed on the host from host copies of the table:
+// token i of sequence b gets position positions[i]. Convenience for callers holding the CSR view.
+std::vector<int32_t> slots_from_csr(const CsrPageTable& host_table, int page_size, const std::vector<int32_t>& seq_of_token,
+                                    const std::vector<int64_t>& position_of_token);
+
+// Dequantise whole pages to fp32 (test/debug path; bit-exact with the CPU decoder).
+// out: [num_pages][num_kv_heads][page_size][head_dim] fp32.
+void dequantize_pages(const PagedLayout& layout, const uint8_t* pool, int64_t num_pages, bool is_v,
+                      const FormatParams& params, float* out, void* stream = nullptr);
+
+struct DecodeShape {
+  Format format = Format::bf16;
+  int num_qo_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int page_size = 16;
+};
+
+struct DecodePlan {
+  DecodeShape shape;
+  int batch = 0;
+  int64_t max_context = 0;   // longest sequence the plan accepts (tokens); longer ones set status and are cut
+  int num_splits = 1;        // CTAs per (sequence, kv head); chunks are dealt to them round-robin
+  int stages = 4;            // cp.async pipeline depth (tiles in flight per CTA)
+  int max_chunks = 0;        // ceil(max_context / kChunkTokens)
+  size_t workspace_bytes = 0;  // device workspace run() needs; zero it once after allocation (run leaves it so)
+  std::string source;        // "table" or "fallback": where the configuration came from
+};
+
+// One tuned entry: for (format, shape, batch bucket, context bucket) the best (num_splits, stages).
+struct TuneEntry {
+  Format format = Format::bf16;
+  int num_qo_heads = 0, num_kv_heads = 0, head_dim = 0, page_size = 0;
+  int batch = 0;             // bucket: the largest tuned batch <= the asked batch is used
+  int64_t context = 0;       // bucket: the largest tuned context <= the asked max_context is used
+  int num_splits = 1;
+  int stages = 4;
+  double median_us = 0;
+};
+struct TuningTable {
+  std::string gpu;           // device name the table was measured on
+  std::string version;       // library version it was measured with
+  std::vector<TuneEntry> entries;
+  static TuningTable load(const std::string& path);  // throws kvpack::Error naming the file and field
+  void save(const std::string& path) const;
+};
+
+// Host only; never touches the device except to read the SM count once (cached).
+// A table whose gpu/version do not match the running ones is ignored (fallback used).
+DecodePlan plan_decode(const DecodeShape& shape, int batch, int64_t max_context, const TuningTable* table = nullptr);
+// Same, with an explicit configuration (tuner, tests); validates it.
+DecodePlan plan_decode_with(const DecodeShape& shape, int batch, int64_t max_context, int num_splits, int stages);
+
+struct DecodeArgs {
+  const uint16_t* q = nullptr;        // [batch][num_qo_heads][head_dim] bf16, one query token per sequence
+  const uint8_t* k_pool = nullptr;    // [num_pages][num_kv_heads][head_block_bytes]
+  const uint8_t* v_pool = nullptr;    // [num_pages][num_kv_heads][head_block_bytes]
+  int64_t num_pages = 0;
+  PageTableView table;                // device pointers; lengths are read on the device
+  FormatParams params;
+  float sm_scale = 0;                 // 0 = 1/sqrt(head_dim)
+  uint16_t* out = nullptr;            // [batch][num_qo_heads][head_dim] bf16
+  float* lse = nullptr;               // [batch][num_qo_heads] natural-log LSE of the scaled scores, or null
+  void* workspace = nullptr;          // plan.workspace_bytes, zeroed once
+  int32_t* status = nullptr;          // device int32 or null: bit 1 page id out of range, bit 2 length > max_context
+};
+// Launches only (no allocation, no synchronisation): capturable in a CUDA graph. The grid depends only on the
+// plan (batch, kv heads, max context); sequence lengths are read on the device. Throws kvpack::Error on
+// arguments that can be checked on the host (null pointers, batch mismatch, workspace too small).
+void run_decode(const DecodePlan& plan, const DecodeArgs& args, void* stream = nullptr);
+
+std::string library_version();
+
+}  // namespace kvpack

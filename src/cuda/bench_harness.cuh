@@ -1,0 +1,57 @@
+// Benchmark harness shared by `kvpack bench` and `kvpack tune` (not public API).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvpack/decode.h"
+
+namespace kvpack::bench {
+
+struct DeviceSummary {
+  std::string name;
+  int sms = 0;
+  size_t l2_bytes = 0;
+  size_t mem_bytes = 0;
+};
+DeviceSummary device_summary();
+
+// Streaming read bandwidth of the GPU (TB/s, bytes read / time), 16-byte loads, median of `iters` over a buffer of
+// `bytes` (several times L2). The ceiling every kernel's bandwidth is compared with, measured in the same run.
+double measure_read_bandwidth_tbs(size_t bytes, int iters);
+
+struct DecodeTiming {
+  double median_us = 0, min_us = 0;
+  double bytes = 0;          // bytes the format must read: codes + metadata of every token, K and V
+  double bandwidth_tbs = 0;  // bytes / median time
+  int num_splits = 0, stages = 0;
+  int rotations = 0;         // distinct caches rotated over so L2 cannot serve them
+  std::string plan_source;
+};
+
+struct WriteTiming {
+  double median_us = 0;
+  double bytes = 0;  // bf16 read + codes/metadata written
+  double bandwidth_tbs = 0;
+};
+
+// One page pool of (format, shape) big enough for max_batch x max_context tokens per K and V, filled through the
+// write path with random bf16 values; pages are assigned in a shuffled order.
+class DecodeBench {
+ public:
+  DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_context, uint64_t seed);
+  ~DecodeBench();
+  DecodeBench(const DecodeBench&) = delete;
+  DecodeBench& operator=(const DecodeBench&) = delete;
+  // splits/stages = 0: plan_decode() (table when given and matching, else fallback).
+  DecodeTiming time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table, int iters);
+  WriteTiming time_write(int num_tokens, int iters);
+  double fill_ms() const { return fill_ms_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  double fill_ms_ = 0;
+};
+
+}  // namespace kvpack::bench

@@ -1,0 +1,13 @@
+// Internals shared by the decode kernels, plan() and the tuner (not public API).
+#pragma once
+#include <cstddef>
+
+#include "kvpack/decode.h"
+
+namespace kvpack {
+size_t decode_stage_bytes(Format f, int head_dim);
+size_t decode_smem_bytes(Format f, int head_dim, int group, int stages);
+size_t decode_workspace_bytes(const DecodeShape& s, int batch, int max_chunks);
+int device_sm_count();        // cached after the first call
+size_t device_smem_optin();   // cached after the first call
+}  // namespace kvpack

@@ -1,0 +1,177 @@
+// plan(): host-side choice of (num_splits, stages) per (format, shape, batch, context bucket), from a tuning table
+// measured by `kvpack tune` when one matches this GPU and library version, else from a fallback that is always
+// valid. Also the tuning table's JSON form.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "decode_internal.cuh"
+#include "format_policy.cuh"
+#include "kvpack/cuda_runtime_info.h"
+#include "kvpack/decode.h"
+#include "kvpack/error.h"
+
+namespace kvpack {
+
+std::string library_version() { return KVPACK_VERSION; }
+
+namespace {
+struct DeviceInfo {
+  int sms = 132;
+  size_t smem_optin = 227 * 1024;
+  std::string name;
+};
+const DeviceInfo& device_info() {
+  static DeviceInfo info;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess) {
+      info.sms = prop.multiProcessorCount;
+      info.smem_optin = prop.sharedMemPerBlockOptin;
+      info.name = prop.name;
+    } else {
+      cudaGetLastError();  // no device: plan with H200-like defaults so host-only code paths still work
+    }
+  });
+  return info;
+}
+}  // namespace
+
+int device_sm_count() { return device_info().sms; }
+size_t device_smem_optin() { return device_info().smem_optin; }
+
+namespace {
+void check_shape(const DecodeShape& s, int batch, int64_t max_context) {
+  KVPACK_CU_CHECK(s.num_kv_heads >= 1, "plan_decode: num_kv_heads {} must be >= 1", s.num_kv_heads);
+  KVPACK_CU_CHECK(s.num_qo_heads >= s.num_kv_heads && s.num_qo_heads % s.num_kv_heads == 0,
+               "plan_decode: num_qo_heads {} is not a multiple of num_kv_heads {}", s.num_qo_heads, s.num_kv_heads);
+  const int group = s.num_qo_heads / s.num_kv_heads;
+  KVPACK_CU_CHECK(group <= 8, "plan_decode: group size {} (= {} / {}) is above 8", group, s.num_qo_heads,
+               s.num_kv_heads);
+  KVPACK_CU_CHECK(batch >= 0 && batch <= 65535, "plan_decode: batch {} out of range [0, 65535]", batch);
+  KVPACK_CU_CHECK(max_context >= 1 && max_context <= (int64_t{1} << 30), "plan_decode: max_context {} out of range",
+               max_context);
+  (void)make_paged_layout(s.format, s.page_size, s.num_kv_heads, s.head_dim);  // validates format/page/head_dim
+}
+
+DecodePlan make_plan(const DecodeShape& s, int batch, int64_t max_context, int splits, int stages) {
+  DecodePlan p;
+  p.shape = s;
+  p.batch = batch;
+  p.max_context = max_context;
+  p.max_chunks = static_cast<int>((max_context + kChunkTokens - 1) / kChunkTokens);
+  p.num_splits = std::clamp(splits, 1, p.max_chunks);
+  p.stages = stages;
+  p.workspace_bytes = decode_workspace_bytes(s, batch, p.max_chunks);
+  return p;
+}
+}  // namespace
+
+DecodePlan plan_decode_with(const DecodeShape& s, int batch, int64_t max_context, int num_splits, int stages) {
+  check_shape(s, batch, max_context);
+  KVPACK_CU_CHECK(num_splits >= 1, "plan_decode: num_splits {} must be >= 1", num_splits);
+  KVPACK_CU_CHECK(stages >= 2 && stages <= 8, "plan_decode: stages {} out of range [2, 8]", stages);
+  const int group = s.num_qo_heads / s.num_kv_heads;
+  const size_t smem = decode_smem_bytes(s.format, s.head_dim, group, stages);
+  KVPACK_CU_CHECK(smem <= device_smem_optin(), "plan_decode: {} stages need {} B of shared memory, the GPU allows {}",
+               stages, smem, device_smem_optin());
+  DecodePlan p = make_plan(s, batch, max_context, num_splits, stages);
+  p.source = "explicit";
+  return p;
+}
+
+DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, const TuningTable* table) {
+  check_shape(s, batch, max_context);
+  if (table && table->gpu == device_info().name && table->version == library_version()) {
+    const TuneEntry* best = nullptr;
+    for (const auto& e : table->entries) {
+      if (e.format != s.format || e.num_qo_heads != s.num_qo_heads || e.num_kv_heads != s.num_kv_heads ||
+          e.head_dim != s.head_dim || e.page_size != s.page_size || e.batch > batch || e.context > max_context)
+        continue;
+      if (!best || e.batch > best->batch || (e.batch == best->batch && e.context > best->context)) best = &e;
+    }
+    if (best) {
+      const int group = s.num_qo_heads / s.num_kv_heads;
+      if (decode_smem_bytes(s.format, s.head_dim, group, best->stages) <= device_smem_optin()) {
+        DecodePlan p = make_plan(s, batch, max_context, best->num_splits, best->stages);
+        p.source = "table";
+        return p;
+      }
+    }
+  }
+  // Fallback: enough CTAs for about two waves over the SMs (one CTA per SM by launch bounds), never more splits
+  // than chunks; 4 stages (64 KB in flight) when shared memory allows, else fewer.
+  const int group = s.num_qo_heads / s.num_kv_heads;
+  const int64_t units = std::max<int64_t>(1, int64_t{batch} * s.num_kv_heads);
+  const int target = 2 * device_sm_count();
+  const int splits = static_cast<int>(std::max<int64_t>(1, (target + units - 1) / units));
+  int stages = 4;
+  while (stages > 2 && decode_smem_bytes(s.format, s.head_dim, group, stages) > device_smem_optin()) --stages;
+  DecodePlan p = make_plan(s, batch, max_context, splits, stages);
+  p.source = "fallback";
+  return p;
+}
+
+TuningTable TuningTable::load(const std::string& path) {
+  std::ifstream f(path);
+  KVPACK_CU_CHECK(f.good(), "tuning table {}: cannot open", path);
+  nlohmann::json j;
+  try {
+    f >> j;
+  } catch (const std::exception& e) {
+    fail(fmt::runtime("tuning table {}: not valid JSON ({})"), path, e.what());
+  }
+  TuningTable t;
+  try {
+    t.gpu = j.at("gpu").get<std::string>();
+    t.version = j.at("version").get<std::string>();
+    const auto& es = j.at("entries");
+    KVPACK_CU_CHECK(es.is_array(), "tuning table {}: 'entries' is not an array", path);
+    for (size_t i = 0; i < es.size(); ++i) {
+      const auto& e = es[i];
+      TuneEntry x;
+      const auto fname = e.at("format").get<std::string>();
+      auto fmt = parse_format(fname);
+      KVPACK_CU_CHECK(fmt.has_value(), "tuning table {}: entries[{}].format '{}' unknown", path, i, fname);
+      x.format = *fmt;
+      x.num_qo_heads = e.at("num_qo_heads").get<int>();
+      x.num_kv_heads = e.at("num_kv_heads").get<int>();
+      x.head_dim = e.at("head_dim").get<int>();
+      x.page_size = e.at("page_size").get<int>();
+      x.batch = e.at("batch").get<int>();
+      x.context = e.at("context").get<int64_t>();
+      x.num_splits = e.at("num_splits").get<int>();
+      x.stages = e.at("stages").get<int>();
+      x.median_us = e.value("median_us", 0.0);
+      KVPACK_CU_CHECK(x.num_splits >= 1 && x.stages >= 2 && x.stages <= 8,
+                   "tuning table {}: entries[{}] has num_splits {} / stages {} out of range", path, i, x.num_splits,
+                   x.stages);
+      t.entries.push_back(x);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(fmt::runtime("tuning table {}: missing or mistyped field ({})"), path, e.what());
+  }
+  return t;
+}
+
+void TuningTable::save(const std::string& path) const {
+  nlohmann::json j;
+  j["gpu"] = gpu;
+  j["version"] = version;
+  j["entries"] = nlohmann::json::array();
+  for (const auto& e : entries)
+    j["entries"].push_back({{"format", format_name(e.format)}, {"num_qo_heads", e.num_qo_heads},
+                            {"num_kv_heads", e.num_kv_heads}, {"head_dim", e.head_dim}, {"page_size", e.page_size},
+                            {"batch", e.batch}, {"context", e.context}, {"num_splits", e.num_splits},
+                            {"stages", e.stages}, {"median_us", e.median_us}});
+  std::ofstream f(path);
+  KVPACK_CU_CHECK(f.good(), "tuning table {}: cannot write", path);
+  f << j.dump(1) << "\n";
+}
+
+}  // namespace kvpack

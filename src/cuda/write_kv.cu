@@ -1,0 +1,174 @@
+// Paged KV write path (quantise new bf16 K/V tokens into their slots) and the whole-page dequantiser (tests).
+#include <cuda_runtime.h>
+
+#include "format_policy.cuh"
+#include "kvpack/decode.h"
+#include "kvpack/error.h"
+
+namespace kvpack {
+namespace cuda_detail {
+
+// One thread per (token, kv head, K/V, octet): neighbouring threads write neighbouring 16/8/4-byte pieces of one
+// token vector, so both the bf16 reads and the code writes are coalesced. Prefill (many tokens) and decode (one
+// per sequence) are the same launch with a different num_tokens.
+template <class P, int D>
+__global__ void write_kv_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                                const int32_t* __restrict__ slots, int num_tokens, int num_kv_heads, int page_size,
+                                int64_t head_block_bytes, int64_t num_pages, uint8_t* __restrict__ k_pool,
+                                uint8_t* __restrict__ v_pool, FormatParams params, int32_t* status) {
+  constexpr int kOct = D / 8;
+  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int64_t total = int64_t{num_tokens} * num_kv_heads * 2 * kOct;
+  if (idx >= total) return;
+  const int octet = static_cast<int>(idx % kOct);
+  int64_t r = idx / kOct;
+  const int kv = static_cast<int>(r % 2);
+  r /= 2;
+  const int head = static_cast<int>(r % num_kv_heads);
+  const int64_t tok = r / num_kv_heads;
+  const int64_t slot = slots[tok];
+  if (slot < 0) return;  // padding
+  if (slot >= num_pages * page_size) {
+    if (status) atomicOr(status, 1);
+    return;
+  }
+  const int64_t page = slot / page_size;
+  const int off = static_cast<int>(slot % page_size);
+  uint8_t* block = (kv ? v_pool : k_pool) + (page * num_kv_heads + head) * head_block_bytes;
+  uint8_t* row = block + int64_t{off} * P::code_bytes(D);
+  uint8_t* meta = block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D);
+  const uint16_t* in = (kv ? v : k) + (tok * num_kv_heads + head) * D;
+  P::encode8(in, octet, row, meta, params, head, kv == 1);
+}
+
+// Formats whose encoder needs the whole head vector (scales, rotations): one thread per (token, kv head, K/V),
+// calling the format's block core (the very function the CPU reference calls), codes built in registers/local
+// memory and stored with 16-byte writes.
+template <class P, int D>
+__global__ void write_kv_vec_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                                    const int32_t* __restrict__ slots, int num_tokens, int num_kv_heads, int page_size,
+                                    int64_t head_block_bytes, int64_t num_pages, uint8_t* __restrict__ k_pool,
+                                    uint8_t* __restrict__ v_pool, FormatParams params, int32_t* status) {
+  constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D);
+  static_assert(kCode % 16 == 0 && (kMeta == 0 || kMeta % 4 == 0), "codes in 16-byte pieces, metadata in words");
+  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (idx >= int64_t{num_tokens} * num_kv_heads * 2) return;
+  const int kv = static_cast<int>(idx % 2);
+  const int head = static_cast<int>((idx / 2) % num_kv_heads);
+  const int64_t tok = idx / 2 / num_kv_heads;
+  const int64_t slot = slots[tok];
+  if (slot < 0) return;
+  if (slot >= num_pages * page_size) {
+    if (status) atomicOr(status, 1);
+    return;
+  }
+  const int64_t page = slot / page_size;
+  const int off = static_cast<int>(slot % page_size);
+  const uint4* in = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * D);
+  float x[D];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    const uint4 r = in[i];
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
+      x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+  }
+  __align__(16) uint8_t codes[kCode + (kMeta > 0 ? kMeta : 4)];
+  P::template encode_vec<D>(x, codes, codes + kCode, params, head, kv == 1);
+  uint8_t* block = (kv ? v_pool : k_pool) + (page * num_kv_heads + head) * head_block_bytes;
+  uint4* dst = reinterpret_cast<uint4*>(block + int64_t{off} * kCode);
+#pragma unroll
+  for (int i = 0; i < kCode / 16; ++i) dst[i] = reinterpret_cast<const uint4*>(codes)[i];
+  if constexpr (kMeta > 0) {
+    uint32_t* md = reinterpret_cast<uint32_t*>(block + int64_t{page_size} * kCode + int64_t{off} * kMeta);
+#pragma unroll
+    for (int i = 0; i < kMeta / 4; ++i) md[i] = reinterpret_cast<const uint32_t*>(codes + kCode)[i];
+  }
+}
+
+template <class P, int D>
+__global__ void dequant_pages_kernel(const uint8_t* __restrict__ pool, int64_t num_pages, int num_kv_heads,
+                                     int page_size, int64_t head_block_bytes, bool is_v, FormatParams params,
+                                     float* __restrict__ out) {
+  constexpr int kOct = D / 8;
+  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int64_t total = num_pages * num_kv_heads * page_size * kOct;
+  if (idx >= total) return;
+  const int octet = static_cast<int>(idx % kOct);
+  int64_t r = idx / kOct;
+  const int off = static_cast<int>(r % page_size);
+  r /= page_size;  // r = page * num_kv_heads + head
+  const int head = static_cast<int>(r % num_kv_heads);
+  const uint8_t* block = pool + r * head_block_bytes;
+  const uint8_t* row = block + int64_t{off} * P::code_bytes(D);
+  const uint8_t* meta = block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D);
+  float x[8];
+  P::dequant8(row, octet, meta, x);
+  // The stored value (in the stored basis: int4h stays rotated) = code value x octet scale x per-token scale x
+  // per-head scale, through the kernel's own fused dequantiser; exact as long as at most one factor is not 1,
+  // which holds for every format here (bf16: none, fp8: head scale, int4: octet scale).
+  const float os = P::octet_scale(meta, octet);
+  const float ts = is_v ? P::v_token_scale(meta) : P::k_token_scale(meta);
+  const float hs = is_v ? P::out_scale(params, head) : P::q_scale(params, head);
+  float* o = out + (r * page_size + off) * D + octet * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) o[i] = x[i] * os * ts * hs;
+}
+
+}  // namespace cuda_detail
+
+using namespace cuda_detail;
+
+void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
+  KVPACK_CU_CHECK(a.num_tokens >= 0, "write_kv: num_tokens {} < 0", a.num_tokens);
+  if (a.num_tokens == 0) return;
+  KVPACK_CU_CHECK(a.k && a.v, "write_kv: null K or V input");
+  KVPACK_CU_CHECK(a.slot_mapping, "write_kv: null slot_mapping");
+  KVPACK_CU_CHECK(a.k_pool && a.v_pool, "write_kv: null K or V page pool");
+  KVPACK_CU_CHECK(a.num_pages > 0, "write_kv: num_pages {} must be > 0", a.num_pages);
+  const int threads = 128;
+  KVPACK_DISPATCH_FORMAT(l.format, P, [&] {
+    KVPACK_CU_CHECK(P::code_bytes(l.head_dim) == l.code_bytes_per_token && P::meta_bytes(l.head_dim) == l.meta_bytes_per_token,
+                 "write_kv: layout token bytes ({} + {}) disagree with the kernel's format '{}'",
+                 l.code_bytes_per_token, l.meta_bytes_per_token, format_name(l.format));
+    KVPACK_DISPATCH_HEAD_DIM(l.head_dim, D, [&] {
+      if constexpr (P::kVectorEncode) {
+        const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2;
+        const int64_t blocks = (total + threads - 1) / threads;
+        write_kv_vec_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
+                                    static_cast<cudaStream_t>(stream)>>>(
+            a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size, l.head_block_bytes, a.num_pages,
+            a.k_pool, a.v_pool, a.params, a.status);
+      } else {
+        const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2 * (l.head_dim / 8);
+        const int64_t blocks = (total + threads - 1) / threads;
+        write_kv_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+            a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size, l.head_block_bytes, a.num_pages,
+            a.k_pool, a.v_pool, a.params, a.status);
+      }
+    });
+  });
+  KVPACK_CUDA_CHECK(cudaGetLastError());
+}
+
+void dequantize_pages(const PagedLayout& l, const uint8_t* pool, int64_t num_pages, bool is_v,
+                      const FormatParams& params, float* out, void* stream) {
+  KVPACK_CU_CHECK(pool && out, "dequantize_pages: null pointer");
+  const int64_t total = num_pages * l.num_kv_heads * l.page_size * (l.head_dim / 8);
+  if (total == 0) return;
+  const int threads = 256;
+  const int64_t blocks = (total + threads - 1) / threads;
+  KVPACK_DISPATCH_FORMAT(l.format, P, [&] {
+    KVPACK_DISPATCH_HEAD_DIM(l.head_dim, D, [&] {
+      dequant_pages_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
+                                   static_cast<cudaStream_t>(stream)>>>(pool, num_pages, l.num_kv_heads, l.page_size,
+                                                                        l.head_block_bytes, is_v, params, out);
+    });
+  });
+  KVPACK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace kvpack

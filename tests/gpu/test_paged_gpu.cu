@@ -1,0 +1,506 @@
+// GPU tests of the paged write path, the dequantiser and decode attention, against the CPU reference.
+// Labelled `gpu`; every test skips cleanly without a GPU. Inputs are fresh random values with fixed seeds.
+#include <cmath>
+#include <limits>
+
+#include "gpu_test_util.cuh"
+#include "kvpack/error.h"
+
+namespace kvpack::test {
+namespace {
+
+std::vector<Format> paged_formats() {
+  std::vector<Format> out;
+  for (const auto& f : all_formats())
+    if (paged_format_supported(f.id)) out.push_back(f.id);
+  return out;
+}
+
+// ---------------------------------------------------------------- write path: byte-exact vs the CPU encoder
+TEST(PagedWriteGpu, ByteExactVsCpuEncoder) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(1234);
+  for (Format f : paged_formats())
+    for (int D : {64, 128})
+      for (int P : {16, 32, 64, 128})
+        for (int H : {1, 3, 8}) {
+          SCOPED_TRACE(::testing::Message() << format_name(f) << " D=" << D << " P=" << P << " H=" << H);
+          const PagedLayout l = make_paged_layout(f, P, H, D);
+          // prefill-like ragged batch incl. a 1-token sequence and a partial last page
+          std::vector<int64_t> lens{1, P - 1, 3 * P + 5, 200};
+          PagedBatch pb = make_batch(l, lens, rng);
+          // padding slots interleaved: the kernel must skip them
+          std::vector<int32_t> slots = pb.slots;
+          std::vector<uint16_t> k = pb.k, v = pb.v;
+          const size_t tok_elems = size_t(H) * D;
+          std::vector<int32_t> slots2;
+          std::vector<uint16_t> k2, v2;
+          for (size_t i = 0; i < slots.size(); ++i) {
+            if (i % 7 == 3) {  // a padding token with garbage data
+              slots2.push_back(-1);
+              for (size_t e = 0; e < tok_elems; ++e) {
+                k2.push_back(0x7fc0);
+                v2.push_back(0x7fc0);
+              }
+            }
+            slots2.push_back(slots[i]);
+            k2.insert(k2.end(), k.begin() + i * tok_elems, k.begin() + (i + 1) * tok_elems);
+            v2.insert(v2.end(), v.begin() + i * tok_elems, v.begin() + (i + 1) * tok_elems);
+          }
+          DevBuf<uint8_t> kp(pb.k_pool.size()), vp(pb.v_pool.size());
+          kp.fill_bytes(0xA5);
+          vp.fill_bytes(0xA5);
+          DevBuf<uint16_t> dk(k2), dv(v2);
+          DevBuf<int32_t> ds(slots2), status(std::vector<int32_t>{0});
+          DevBuf<float> ksc(pb.k_scale), vsc(pb.v_scale);
+          WriteArgs a;
+          if (ksc.n) a.params.k_scale = ksc.p;
+          if (vsc.n) a.params.v_scale = vsc.p;
+          a.k = dk.p;
+          a.v = dv.p;
+          a.slot_mapping = ds.p;
+          a.num_tokens = static_cast<int>(slots2.size());
+          a.k_pool = kp.p;
+          a.v_pool = vp.p;
+          a.num_pages = pb.num_pages;
+          a.status = status.p;
+          write_kv(l, a);
+          CUDA_OK(cudaDeviceSynchronize());
+          EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size()));
+          EXPECT_TRUE(bits_equal(vp.download().data(), pb.v_pool.data(), pb.v_pool.size()));
+          EXPECT_EQ(status.download()[0], 0);
+        }
+}
+
+TEST(PagedWriteGpu, DecodeStepOneTokenPerSequence) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(77);
+  for (Format f : paged_formats()) {
+    const PagedLayout l = make_paged_layout(f, 16, 4, 128);
+    PagedBatch pb = make_batch(l, {5, 16, 17, 40}, rng);
+    DevBuf<uint8_t> kp(pb.k_pool), vp(pb.v_pool);
+    // The reference: append one more token to each sequence at position len (pages have room: extra pages used).
+    std::vector<int32_t> slots;
+    int32_t spare = static_cast<int32_t>(pb.num_pages) - 1;
+    for (size_t b = 0; b < pb.lens.size(); ++b) {
+      const int64_t pos = pb.lens[b];
+      const int64_t np = (pos + 15) / 16;
+      const int32_t page = pos % 16 ? pb.indices[pb.indptr[b] + np - 1] : spare--;
+      slots.push_back(page * 16 + static_cast<int32_t>(pos % 16));
+    }
+    auto nk = random_bf16(slots.size() * 4 * 128, rng), nv = random_bf16(slots.size() * 4 * 128, rng);
+    paged_write_ref(l, pb.k_pool.data(), pb.v_pool.data(), pb.num_pages, nk.data(), nv.data(), slots.data(),
+                    static_cast<int>(slots.size()), pb.host_params());
+    DevBuf<uint16_t> dk(nk), dv(nv);
+    DevBuf<int32_t> ds(slots);
+    DevBuf<float> ksc(pb.k_scale), vsc(pb.v_scale);
+    WriteArgs a;
+    if (ksc.n) a.params.k_scale = ksc.p;
+    if (vsc.n) a.params.v_scale = vsc.p;
+    a.k = dk.p;
+    a.v = dv.p;
+    a.slot_mapping = ds.p;
+    a.num_tokens = static_cast<int>(slots.size());
+    a.k_pool = kp.p;
+    a.v_pool = vp.p;
+    a.num_pages = pb.num_pages;
+    write_kv(l, a);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size())) << format_name(f);
+    EXPECT_TRUE(bits_equal(vp.download().data(), pb.v_pool.data(), pb.v_pool.size())) << format_name(f);
+  }
+}
+
+TEST(PagedWriteGpu, OutOfRangeSlotIsReportedAndNeverWritten) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  const PagedLayout l = make_paged_layout(Format::bf16, 16, 2, 64);
+  const int64_t pages = 4;
+  // The pool is followed by a guard region that must stay untouched.
+  const size_t pool_bytes = size_t(pages * l.page_bytes()), guard = 1 << 16;
+  DevBuf<uint8_t> kp(pool_bytes + guard), vp(pool_bytes + guard);
+  kp.fill_bytes(0x5a);
+  vp.fill_bytes(0x5a);
+  auto k = random_bf16(3 * 2 * 64, rng), v = random_bf16(3 * 2 * 64, rng);
+  DevBuf<uint16_t> dk(k), dv(v);
+  DevBuf<int32_t> ds(std::vector<int32_t>{0, int32_t(pages * 16), int32_t(pages * 16 + 1000)});
+  DevBuf<int32_t> status(std::vector<int32_t>{0});
+  WriteArgs a;
+  a.k = dk.p;
+  a.v = dv.p;
+  a.slot_mapping = ds.p;
+  a.num_tokens = 3;
+  a.k_pool = kp.p;
+  a.v_pool = vp.p;
+  a.num_pages = pages;
+  a.status = status.p;
+  write_kv(l, a);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(status.download()[0] & 1, 1);
+  auto hk = kp.download();
+  for (size_t i = pool_bytes; i < hk.size(); ++i) ASSERT_EQ(hk[i], 0x5a) << "guard byte " << i << " written";
+  // Null arguments are errors, not crashes.
+  WriteArgs bad = a;
+  bad.slot_mapping = nullptr;
+  EXPECT_THROW(write_kv(l, bad), Error);
+  bad = a;
+  bad.k_pool = nullptr;
+  EXPECT_THROW(write_kv(l, bad), Error);
+}
+
+// ---------------------------------------------------------------- dequantiser: bit-exact vs the CPU decoder
+TEST(PagedDequantGpu, BitExactVsCpuDecoder) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(99);
+  for (Format f : paged_formats())
+    for (int D : {64, 128}) {
+      const PagedLayout l = make_paged_layout(f, 32, 3, D);
+      PagedBatch pb = make_batch(l, {100, 64}, rng, 0);
+      DevBuf<uint8_t> kp(pb.k_pool), vp(pb.v_pool);
+      DevBuf<float> ksc(pb.k_scale), vsc(pb.v_scale);
+      FormatParams dparams;
+      if (ksc.n) dparams.k_scale = ksc.p;
+      if (vsc.n) dparams.v_scale = vsc.p;
+      for (int is_v = 0; is_v < 2; ++is_v) {
+        const size_t n = size_t(pb.num_pages) * 3 * 32 * D;
+        DevBuf<float> out(n);
+        out.fill_bytes(0xff);  // poisoned: NaN everywhere until written
+        dequantize_pages(l, is_v ? vp.p : kp.p, pb.num_pages, is_v, dparams, out.p);
+        CUDA_OK(cudaDeviceSynchronize());
+        auto got = out.download();
+        // Compare only slots that hold tokens (the rest of the pool is poison on both sides, not a format value).
+        std::vector<float> ref(D);
+        for (size_t t = 0; t < pb.slots.size(); ++t) {
+          const int64_t page = pb.slots[t] / 32;
+          const int off = pb.slots[t] % 32;
+          for (int h = 0; h < 3; ++h) {
+            dequant_token_ref(l, is_v ? pb.v_pool.data() : pb.k_pool.data(), page, h, off, is_v, pb.host_params(), ref.data(), true);
+            const float* g = got.data() + ((page * 3 + h) * 32 + off) * D;
+            ASSERT_TRUE(bits_equal(g, ref.data(), sizeof(float) * D))
+                << format_name(f) << " D=" << D << " token " << t << " head " << h;
+          }
+        }
+      }
+    }
+}
+
+// ---------------------------------------------------------------- decode attention vs the fp64 reference
+struct AttnResult {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+  int32_t status = 0;
+};
+
+AttnResult run_attention(const PagedBatch& pb, const DevBatch& db, const std::vector<uint16_t>& q, int qo_heads,
+                         bool csr, int splits, int stages, int64_t max_context = 0) {
+  const int batch = static_cast<int>(pb.lens.size());
+  DecodeShape s{pb.layout.format, qo_heads, pb.layout.num_kv_heads, pb.layout.head_dim, pb.layout.page_size};
+  int64_t maxlen = 1;
+  for (auto l : pb.lens) maxlen = std::max(maxlen, l);
+  if (max_context == 0) max_context = maxlen;
+  DecodePlan plan = splits > 0 ? plan_decode_with(s, batch, max_context, splits, stages) : plan_decode(s, batch, max_context);
+  DevBuf<uint16_t> dq(q), out(size_t(batch) * qo_heads * pb.layout.head_dim);
+  DevBuf<float> lse(size_t(batch) * qo_heads);
+  out.fill_bytes(0xff);  // poison (bf16 NaN)
+  lse.fill_bytes(0xff);
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
+  ws.fill_bytes(0);
+  DevBuf<int32_t> status(std::vector<int32_t>{0});
+  DecodeArgs a;
+  a.q = dq.p;
+  a.k_pool = db.k_pool.p;
+  a.v_pool = db.v_pool.p;
+  a.num_pages = pb.num_pages;
+  a.table = csr ? db.csr_view(batch) : db.block_view(batch, pb.max_blocks);
+  a.params = db.params();
+  a.out = out.p;
+  a.lse = lse.p;
+  a.workspace = ws.p;
+  a.status = status.p;
+  run_decode(plan, a);
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  return {out.download(), lse.download(), status.download()[0]};
+}
+
+struct Errors {
+  double gpu = 0, plain = 0, lse_gpu = 0, lse_plain = 0;
+};
+
+Errors compare(const PagedBatch& pb, const std::vector<uint16_t>& q, int qo_heads, const AttnResult& r) {
+  const int batch = static_cast<int>(pb.lens.size());
+  const int D = pb.layout.head_dim;
+  const size_t n = size_t(batch) * qo_heads * D;
+  std::vector<double> ref(n), plain(n), lref(size_t(batch) * qo_heads), lplain(size_t(batch) * qo_heads);
+  const double sm = 1.0 / std::sqrt(double(D));
+  auto view = pb.csr_view();
+  decode_attention_ref(pb.layout, pb.k_pool.data(), pb.v_pool.data(), view, q.data(), qo_heads, sm,
+                       pb.host_params(), ref.data(), lref.data(), false);
+  decode_attention_ref(pb.layout, pb.k_pool.data(), pb.v_pool.data(), view, q.data(), qo_heads, sm,
+                       pb.host_params(), plain.data(), lplain.data(), true);
+  double num_g = 0, num_p = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double g = bf16_to_f32(r.out[i]);
+    EXPECT_TRUE(std::isfinite(g)) << "output element " << i << " not written or not finite";
+    num_g += (g - ref[i]) * (g - ref[i]);
+    num_p += (plain[i] - ref[i]) * (plain[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  Errors e;
+  e.gpu = std::sqrt(num_g / std::max(den, 1e-300));
+  e.plain = std::sqrt(num_p / std::max(den, 1e-300));
+  for (size_t i = 0; i < lref.size(); ++i) {
+    if (std::isinf(lref[i])) {
+      EXPECT_TRUE(std::isinf(r.lse[i]) && r.lse[i] < 0) << "lse of an empty sequence must be -inf";
+      continue;
+    }
+    e.lse_gpu = std::max(e.lse_gpu, std::abs(r.lse[i] - lref[i]));
+    e.lse_plain = std::max(e.lse_plain, std::abs(lplain[i] - lref[i]));
+  }
+  return e;
+}
+
+void expect_close(const Errors& e) {
+  // Within 2x the error of a plain same-precision implementation (fp32 math, bf16 output) plus a small floor.
+  EXPECT_LE(e.gpu, 2.0 * e.plain + 1e-4) << "gpu " << e.gpu << " plain " << e.plain;
+  EXPECT_LE(e.lse_gpu, 4.0 * e.lse_plain + 1e-4) << "lse gpu " << e.lse_gpu << " plain " << e.lse_plain;
+}
+
+TEST(DecodeGpu, RandomShapesVsFp64Reference) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(2024);
+  struct Case {
+    int qo, kv, D, P;
+  };
+  const std::vector<Case> cases{{32, 8, 128, 16}, {8, 1, 128, 64}, {9, 3, 64, 16}, {4, 4, 64, 32},
+                                {16, 2, 128, 128}, {6, 3, 128, 32}, {7, 1, 64, 16}, {40, 8, 128, 16}};
+  for (Format f : paged_formats())
+    for (const auto& c : cases) {
+      SCOPED_TRACE(::testing::Message() << format_name(f) << " " << c.qo << "q/" << c.kv << "kv D=" << c.D
+                                        << " P=" << c.P);
+      const PagedLayout l = make_paged_layout(f, c.P, c.kv, c.D);
+      std::uniform_int_distribution<int> len_d(1, 3000);
+      std::vector<int64_t> lens{1, c.P, c.P + 1, 512, 513, len_d(rng), len_d(rng)};
+      PagedBatch pb = make_batch(l, lens, rng);
+      DevBatch db(pb);
+      auto q = random_bf16(lens.size() * c.qo * c.D, rng, 2.0f);  // larger q: peakier softmax
+      for (bool csr : {true, false}) {
+        AttnResult r = run_attention(pb, db, q, c.qo, csr, 0, 0);
+        EXPECT_EQ(r.status, 0);
+        expect_close(compare(pb, q, c.qo, r));
+      }
+    }
+}
+
+TEST(DecodeGpu, LongContext128k) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(128);
+  for (Format f : paged_formats()) {
+    const PagedLayout l = make_paged_layout(f, 64, 1, 128);
+    std::vector<int64_t> lens{131072, 77777, 1};
+    PagedBatch pb = make_batch(l, lens, rng);
+    DevBatch db(pb);
+    auto q = random_bf16(lens.size() * 8 * 128, rng, 2.0f);
+    AttnResult r = run_attention(pb, db, q, 8, true, 0, 0);
+    EXPECT_EQ(r.status, 0);
+    expect_close(compare(pb, q, 8, r));
+  }
+}
+
+TEST(DecodeGpu, EmptySequenceGivesZeroAndMinusInfLse) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  const PagedLayout l = make_paged_layout(Format::bf16, 16, 2, 64);
+  PagedBatch pb = make_batch(l, {0, 20, 0}, rng);
+  DevBatch db(pb);
+  auto q = random_bf16(3 * 4 * 64, rng);
+  for (bool csr : {true, false}) {
+    AttnResult r = run_attention(pb, db, q, 4, csr, 0, 0);
+    for (int i = 0; i < 4 * 64; ++i) EXPECT_EQ(r.out[i], 0) << i;
+    expect_close(compare(pb, q, 4, r));
+  }
+}
+
+// ---------------------------------------------------------------- determinism: bit for bit
+TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(31337);
+  for (Format f : paged_formats()) {
+    const PagedLayout l = make_paged_layout(f, 16, 2, 128);
+    std::vector<int64_t> lens{5000, 1, 2049, 511, 8192};
+    PagedBatch pb = make_batch(l, lens, rng);
+    DevBatch db(pb);
+    const int qo = 8;
+    auto q = random_bf16(lens.size() * qo * 128, rng, 2.0f);
+    AttnResult base = run_attention(pb, db, q, qo, true, 1, 2);
+    expect_close(compare(pb, q, qo, base));
+    for (int splits : {1, 2, 3, 7, 16, 64})
+      for (int stages : {2, 3, 4, 6}) {
+        for (bool csr : {true, false}) {
+          AttnResult r = run_attention(pb, db, q, qo, csr, splits, stages, 16384);
+          ASSERT_EQ(r.out, base.out) << "splits " << splits << " stages " << stages << " csr " << csr;
+          ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
+        }
+      }
+    // The fallback plan and repeated runs.
+    for (int rep = 0; rep < 3; ++rep) {
+      AttnResult r = run_attention(pb, db, q, qo, true, 0, 0);
+      ASSERT_EQ(r.out, base.out) << "run " << rep;
+    }
+    // Batch composition: a permuted batch (same pool, permuted table rows) gives the permuted outputs bit for bit,
+    // and a sequence alone gives the same bits as inside the batch.
+    std::vector<int> perm{3, 0, 4, 2, 1};
+    PagedBatch pb2 = pb;
+    pb2.lens.clear();
+    pb2.indptr = {0};
+    pb2.indices.clear();
+    pb2.last_page_len.clear();
+    pb2.seq_lens.clear();
+    pb2.block_table.clear();
+    std::vector<uint16_t> q2;
+    for (int i : perm) {
+      pb2.lens.push_back(pb.lens[i]);
+      for (int j = pb.indptr[i]; j < pb.indptr[i + 1]; ++j) pb2.indices.push_back(pb.indices[j]);
+      pb2.indptr.push_back(static_cast<int32_t>(pb2.indices.size()));
+      pb2.last_page_len.push_back(pb.last_page_len[i]);
+      pb2.seq_lens.push_back(pb.seq_lens[i]);
+      pb2.block_table.insert(pb2.block_table.end(), pb.block_table.begin() + size_t(i) * pb.max_blocks,
+                             pb.block_table.begin() + size_t(i + 1) * pb.max_blocks);
+      q2.insert(q2.end(), q.begin() + size_t(i) * qo * 128, q.begin() + size_t(i + 1) * qo * 128);
+    }
+    DevBatch db2(pb2);
+    for (int splits : {0, 5}) {
+      AttnResult r = run_attention(pb2, db2, q2, qo, splits % 2 == 0, splits, 3);
+      for (size_t k = 0; k < perm.size(); ++k)
+        ASSERT_TRUE(bits_equal(r.out.data() + k * qo * 128, base.out.data() + size_t(perm[k]) * qo * 128, qo * 128 * 2))
+            << "permuted row " << k;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- CUDA graph capture and replay
+TEST(DecodeGpu, GraphCaptureAndReplayReadsLengthsOnDevice) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  const PagedLayout l = make_paged_layout(Format::bf16, 16, 2, 64);
+  std::vector<int64_t> lens{1000, 3000, 17};
+  PagedBatch pb = make_batch(l, lens, rng);
+  DevBatch db(pb);
+  const int qo = 6, batch = 3;
+  auto q = random_bf16(batch * qo * 64, rng);
+  DecodeShape s{Format::bf16, qo, 2, 64, 16};
+  DecodePlan plan = plan_decode_with(s, batch, 4096, 4, 3);
+  DevBuf<uint16_t> dq(q), out(batch * qo * 64);
+  DevBuf<float> lse(batch * qo);
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
+  ws.fill_bytes(0);
+  DecodeArgs a;
+  a.q = dq.p;
+  a.k_pool = db.k_pool.p;
+  a.v_pool = db.v_pool.p;
+  a.num_pages = pb.num_pages;
+  a.table = db.block_view(batch, pb.max_blocks);
+  a.out = out.p;
+  a.lse = lse.p;
+  a.workspace = ws.p;
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreate(&st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  run_decode(plan, a, st);
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  AttnResult direct = run_attention(pb, db, q, qo, false, 4, 3, 4096);
+  for (int rep = 0; rep < 3; ++rep) {
+    out.fill_bytes(0xff);
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    ASSERT_EQ(out.download(), direct.out) << "replay " << rep;
+  }
+  // Shorter sequences written into the same device arrays: the replay must follow them (no stale split plan).
+  PagedBatch pb_short = pb;
+  pb_short.lens = {999, 1, 17};
+  pb_short.seq_lens = {999, 1, 17};
+  for (int b = 0; b < batch; ++b) {
+    const int64_t np = (pb_short.lens[b] + 15) / 16;
+    pb_short.last_page_len[b] = static_cast<int32_t>(pb_short.lens[b] - (np - 1) * 16);
+  }
+  // CSR indptr stays (more pages than needed would change the length): only the block view is used here.
+  db.seq_lens.upload(pb_short.seq_lens);
+  out.fill_bytes(0xff);
+  CUDA_OK(cudaGraphLaunch(exec, st));
+  CUDA_OK(cudaStreamSynchronize(st));
+  AttnResult direct_short = run_attention(pb_short, db, q, qo, false, 4, 3, 4096);
+  EXPECT_EQ(out.download(), direct_short.out);
+  // and against the fp64 reference
+  PagedBatch pb_ref = pb_short;
+  pb_ref.indptr = {0};
+  pb_ref.indices.clear();
+  for (int b = 0; b < batch; ++b) {
+    const int64_t np = (pb_short.lens[b] + 15) / 16;
+    for (int64_t j = 0; j < np; ++j) pb_ref.indices.push_back(pb.block_table[size_t(b) * pb.max_blocks + j]);
+    pb_ref.indptr.push_back(static_cast<int32_t>(pb_ref.indices.size()));
+  }
+  expect_close(compare(pb_ref, q, qo, direct_short));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+// ---------------------------------------------------------------- bad arguments
+TEST(DecodeGpu, BadArgumentsAreErrorsNotCrashes) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(4);
+  const PagedLayout l = make_paged_layout(Format::bf16, 16, 2, 64);
+  PagedBatch pb = make_batch(l, {40, 70}, rng);
+  DevBatch db(pb);
+  DecodeShape s{Format::bf16, 4, 2, 64, 16};
+  EXPECT_THROW(plan_decode(DecodeShape{Format::bf16, 5, 2, 64, 16}, 2, 100), Error);   // 5 not a multiple of 2
+  EXPECT_THROW(plan_decode(DecodeShape{Format::bf16, 18, 2, 64, 16}, 2, 100), Error);  // group 9 > 8
+  EXPECT_THROW(plan_decode(DecodeShape{Format::bf16, 4, 2, 96, 16}, 2, 100), Error);   // head_dim 96
+  EXPECT_THROW(plan_decode(DecodeShape{Format::bf16, 4, 2, 64, 24}, 2, 100), Error);   // page 24
+  DecodePlan plan = plan_decode(s, 2, 100);
+  auto q = random_bf16(2 * 4 * 64, rng);
+  DevBuf<uint16_t> dq(q), out(2 * 4 * 64);
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
+  ws.fill_bytes(0);
+  DevBuf<int32_t> status(std::vector<int32_t>{0});
+  DecodeArgs a;
+  a.q = dq.p;
+  a.k_pool = db.k_pool.p;
+  a.v_pool = db.v_pool.p;
+  a.num_pages = pb.num_pages;
+  a.table = db.csr_view(2);
+  a.out = out.p;
+  a.workspace = ws.p;
+  a.status = status.p;
+  DecodeArgs bad = a;
+  bad.table.pages = nullptr;
+  EXPECT_THROW(run_decode(plan, bad), Error);
+  bad = a;
+  bad.table.batch = 3;
+  EXPECT_THROW(run_decode(plan, bad), Error);
+  DecodePlan small = plan;
+  small.workspace_bytes = 16;
+  EXPECT_THROW(run_decode(small, a), Error);
+  // Sequences longer than the plan's max_context: reported, cut, never past the workspace.
+  DecodePlan short_plan = plan_decode_with(s, 2, 16, 1, 2);
+  DevBuf<uint8_t> ws2(short_plan.workspace_bytes);
+  ws2.fill_bytes(0);
+  DecodeArgs a2 = a;
+  a2.workspace = ws2.p;
+  run_decode(short_plan, a2);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(status.download()[0] & 2, 2);
+  // A page id outside the pool: reported and zero-filled, never read.
+  std::vector<int32_t> idx = pb.indices;
+  idx[1] = 1 << 30;
+  db.indices.upload(idx);
+  status.upload({0});
+  run_decode(plan, a);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(status.download()[0] & 1, 1);
+}
+
+}  // namespace
+}  // namespace kvpack::test

@@ -1,0 +1,145 @@
+// CPU tests of the paged-cache reference: layout arithmetic, page-table views, the reference write path and the
+// fp64 reference attention (the oracle the GPU tests trust).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvpack/bf16.h"
+#include "kvpack/decode.h"
+#include "kvpack/error.h"
+#include "kvpack/paged.h"
+
+namespace kvpack {
+namespace {
+
+TEST(PagedLayout, Bf16BytesAndAlignment) {
+  for (int P : {16, 32, 64, 128})
+    for (int D : {64, 128})
+      for (int H : {1, 3, 8}) {
+        PagedLayout l = make_paged_layout(Format::bf16, P, H, D);
+        EXPECT_EQ(l.code_bytes_per_token, 2 * D);
+        EXPECT_EQ(l.meta_bytes_per_token, 0);
+        EXPECT_EQ(l.head_block_bytes, int64_t{P} * 2 * D);
+        EXPECT_EQ(l.head_block_bytes % 16, 0);
+        EXPECT_GE(l.head_block_bytes, 256);  // >= 256-byte runs per (page, head)
+        EXPECT_EQ(l.page_bytes(), l.head_block_bytes * H);
+      }
+}
+
+TEST(PagedLayout, BadArgumentsNameTheField) {
+  auto msg = [](auto fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg([] { make_paged_layout(Format::bf16, 24, 2, 64); }).find("page_size 24"), std::string::npos);
+  EXPECT_NE(msg([] { make_paged_layout(Format::bf16, 16, 2, 96); }).find("head_dim 96"), std::string::npos);
+  EXPECT_NE(msg([] { make_paged_layout(Format::bf16, 16, 0, 64); }).find("num_kv_heads 0"), std::string::npos);
+}
+
+TEST(PageTableViews, CsrAndBlockTableAgree) {
+  // Sequences of 0, 1, 16, 17 and 40 tokens, page size 16, pages shuffled.
+  const int P = 16;
+  std::vector<int64_t> lens{0, 1, 16, 17, 40};
+  std::vector<int32_t> indptr{0}, indices, last, block, seq;
+  const int maxb = 3;
+  int32_t next = 100;
+  for (auto l : lens) {
+    const int np = static_cast<int>((l + P - 1) / P);
+    for (int j = 0; j < np; ++j) indices.push_back(next - 7 * j);
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+    last.push_back(np ? static_cast<int32_t>(l - (np - 1) * P) : 0);
+    for (int j = 0; j < maxb; ++j) block.push_back(j < np ? next - 7 * j : -1);
+    seq.push_back(static_cast<int32_t>(l));
+    next += 1;
+  }
+  const int B = static_cast<int>(lens.size());
+  PageTableView c = view_of(CsrPageTable{indptr.data(), indices.data(), last.data(), B});
+  PageTableView v = view_of(BlockTable{block.data(), seq.data(), maxb, B});
+  for (int b = 0; b < B; ++b) {
+    EXPECT_EQ(seq_len_of(c, P, b), lens[b]);
+    EXPECT_EQ(seq_len_of(v, P, b), lens[b]);
+    for (int64_t j = 0; j < (lens[b] + P - 1) / P; ++j) EXPECT_EQ(page_of(c, b, j), page_of(v, b, j));
+  }
+  // slots_from_csr: token at position p of sequence b lands in its page at p % P.
+  auto slots = slots_from_csr(CsrPageTable{indptr.data(), indices.data(), last.data(), B}, P, {4, 4, 1, -1},
+                              {0, 39, 0, 5});
+  EXPECT_EQ(slots[0], page_of(c, 4, 0) * P + 0);
+  EXPECT_EQ(slots[1], page_of(c, 4, 2) * P + 7);
+  EXPECT_EQ(slots[2], page_of(c, 1, 0) * P);
+  EXPECT_EQ(slots[3], -1);
+  EXPECT_THROW(slots_from_csr(CsrPageTable{indptr.data(), indices.data(), last.data(), B}, P, {1}, {16}), Error);
+}
+
+TEST(PagedWriteRef, Bf16RoundTripAndPaddingSkipped) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  const PagedLayout l = make_paged_layout(Format::bf16, 16, 2, 64);
+  const int64_t pages = 3;
+  std::vector<uint8_t> kp(pages * l.page_bytes(), 0xA5), vp(pages * l.page_bytes(), 0xA5);
+  const int n = 5;
+  std::vector<uint16_t> k(n * 2 * 64), v(n * 2 * 64);
+  for (auto& x : k) x = f32_to_bf16(nd(rng));
+  for (auto& x : v) x = f32_to_bf16(nd(rng));
+  std::vector<int32_t> slots{47, -1, 0, 17, 33};
+  paged_write_ref(l, kp.data(), vp.data(), pages, k.data(), v.data(), slots.data(), n, {});
+  std::vector<float> out(64);
+  for (int i = 0; i < n; ++i) {
+    if (slots[i] < 0) continue;
+    for (int h = 0; h < 2; ++h) {
+      dequant_token_ref(l, kp.data(), slots[i] / 16, h, slots[i] % 16, false, {}, out.data());
+      for (int d = 0; d < 64; ++d) ASSERT_EQ(out[d], bf16_to_f32(k[(i * 2 + h) * 64 + d]));
+      dequant_token_ref(l, vp.data(), slots[i] / 16, h, slots[i] % 16, true, {}, out.data());
+      for (int d = 0; d < 64; ++d) ASSERT_EQ(out[d], bf16_to_f32(v[(i * 2 + h) * 64 + d]));
+    }
+  }
+  // Slot 1 (page 0, offset 1) was never written: still poison.
+  EXPECT_EQ(kp[l.code_bytes_per_token * 1], 0xA5);
+  std::vector<int32_t> bad{48};
+  EXPECT_THROW(paged_write_ref(l, kp.data(), vp.data(), pages, k.data(), v.data(), bad.data(), 1, {}), Error);
+}
+
+TEST(DecodeRef, SingleTokenReturnsItsValueAndFp32MatchesFp64) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd;
+  const PagedLayout l = make_paged_layout(Format::bf16, 16, 1, 64);
+  const int64_t pages = 40;
+  std::vector<uint8_t> kp(pages * l.page_bytes()), vp(pages * l.page_bytes());
+  const int n = 600;  // two sequences: 1 token and 599 tokens
+  std::vector<uint16_t> k(n * 64), v(n * 64), q(2 * 2 * 64);
+  for (auto& x : k) x = f32_to_bf16(nd(rng));
+  for (auto& x : v) x = f32_to_bf16(nd(rng));
+  for (auto& x : q) x = f32_to_bf16(nd(rng));
+  std::vector<int32_t> perm(pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> slots(n), indptr{0, 1, 1 + 38}, indices, last{1, 599 - 37 * 16};
+  slots[0] = perm[0] * 16;
+  indices.push_back(perm[0]);
+  for (int t = 0; t < 599; ++t) slots[1 + t] = perm[1 + t / 16] * 16 + t % 16;
+  for (int j = 0; j < 38; ++j) indices.push_back(perm[1 + j]);
+  paged_write_ref(l, kp.data(), vp.data(), pages, k.data(), v.data(), slots.data(), n, {});
+  PageTableView view = view_of(CsrPageTable{indptr.data(), indices.data(), last.data(), 2});
+  std::vector<double> o64(2 * 2 * 64), o32(2 * 2 * 64), l64(4), l32(4);
+  decode_attention_ref(l, kp.data(), vp.data(), view, q.data(), 2, 0.125, {}, o64.data(), l64.data(), false);
+  decode_attention_ref(l, kp.data(), vp.data(), view, q.data(), 2, 0.125, {}, o32.data(), l32.data(), true);
+  for (int g = 0; g < 2; ++g)
+    for (int d = 0; d < 64; ++d) EXPECT_NEAR(o64[g * 64 + d], bf16_to_f32(v[d]), 1e-12);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < o64.size(); ++i) {
+    num += (o64[i] - o32[i]) * (o64[i] - o32[i]);
+    den += o64[i] * o64[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 5e-3);  // fp32 + bf16 output rounding
+  EXPECT_GT(std::sqrt(num / den), 0.0);   // and it is a different computation
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(l64[i], l32[i], 1e-4);
+}
+
+}  // namespace
+}  // namespace kvpack
