@@ -1,0 +1,6 @@
+// Decode attention kernels for fp8 (one translation unit per format: parallel device builds).
+#include "decode_kernel.cuh"
+
+namespace kvpack::cuda_detail {
+template void launch_decode_format<Fp8Policy>(const DecodeKernelParams&, int, int, cudaStream_t);
+}  // namespace kvpack::cuda_detail

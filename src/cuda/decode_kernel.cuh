@@ -1,0 +1,429 @@
+// Decode attention kernel template (included by one .cu per format so the device build compiles them in parallel).
+// Decode attention over the paged cache: one query token per sequence, GQA, split-KV with a deterministic
+// in-kernel merge (the last CTA of a (sequence, kv head) folds the chunk partials in chunk order).
+//
+// Structure of one CTA (128 threads, one kv head of one sequence, chunks split, split+S, split+2S, ...):
+//   a cp.async ring of `stages` tiles (each tile = kTile tokens of K or of V, codes then metadata) streams
+//   K tiles then V tiles of every chunk; per chunk: scores for all its tokens (8 threads per token, octets of 8
+//   elements, shuffle reduction), an exact chunk softmax (max, exp2, sum), then P.V with fp32 accumulators, and the
+//   chunk's partial (m, l, acc) goes to the workspace. Per-chunk arithmetic never depends on the plan, and the fold
+//   order is fixed, so results are bitwise identical across plans, batches and runs.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "decode_internal.cuh"
+#include "format_policy.cuh"
+#include "kvpack/decode.h"
+#include "kvpack/error.h"
+
+namespace kvpack {
+namespace cuda_detail {
+
+// 8 warps per CTA: the v1 kernel with 4 warps was latency-bound at ~20% of the read bandwidth (bench/NOTES.md).
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxStages = 8;
+
+__host__ __device__ constexpr int tile_tokens_for(int code_bytes) {
+  // ~16 KB of codes per tile: 4 stages give 64 KB in flight per SM, what a streaming read needs on an H200.
+  int t = 512;
+  while (t > 32 && t * code_bytes > 16384) t /= 2;
+  return t;
+}
+
+template <class P, int D>
+struct Geo {
+  static constexpr int kCode = P::code_bytes(D);
+  static constexpr int kMeta = P::meta_bytes(D);
+  static constexpr int kOct = D / 8;
+  static constexpr int kTile = tile_tokens_for(kCode);
+  static constexpr int kTileCodeBytes = kTile * kCode;
+  static constexpr int kTileMetaBytes = (kTile * kMeta + 15) / 16 * 16;
+  static constexpr int kStageBytes = kTileCodeBytes + kTileMetaBytes;
+  // Score phase: one octet per thread (q for it lives in registers), kOct threads per token, shuffle reduction.
+  static constexpr int kTPT = kOct;
+  static constexpr int kTokPerPass = kThreads / kTPT;
+  static constexpr int kSlices = kThreads / kOct;     // token slices in the P.V phase
+  static constexpr int kSlicesPerWarp = 32 / kOct;    // reduced with shuffles before shared memory
+  static_assert(kCode % 16 == 0, "codes of a token must be whole 16-byte pieces");
+  static_assert(kMeta == 0 || 16 % (kMeta > 0 ? kMeta : 1) == 0 || kMeta % 16 == 0, "metadata pieces must tile 16 bytes");
+  static_assert(kChunkTokens % kTile == 0 && kTile % kTokPerPass == 0, "tile must divide the chunk");
+};
+
+template <int GMAX>
+__host__ __device__ constexpr size_t smem_extra_bytes(int D) {
+  // q_s[GMAX][D] + p_s[kChunk][GMAX] + red_s[kWarps][GMAX][D], all fp32
+  return sizeof(float) * (size_t(GMAX) * D + size_t(kChunkTokens) * GMAX + size_t(kWarps) * GMAX * D);
+}
+
+struct DecodeKernelParams {
+  const uint16_t* q;
+  const uint8_t* k_pool;
+  const uint8_t* v_pool;
+  int64_t num_pages;
+  PageTableView table;
+  FormatParams fp;
+  float qk_scale_log2;  // sm_scale * log2(e): scores live in the log2 domain so exp2 is one instruction
+  uint16_t* out;
+  float* lse;
+  float* ws_acc;   // [batch][num_kv_heads][max_chunks][group][D]
+  float2* ws_ml;   // [batch][num_kv_heads][max_chunks][group] (max, sum) in the log2 domain
+  int* sem;        // [batch][num_kv_heads] arrival counters, reset to 0 by the merging CTA (graph-safe)
+  int32_t* status;
+  int num_qo_heads, num_kv_heads, group, page_size, num_splits, stages, max_chunks;
+  int64_t max_context;
+  int64_t head_block_bytes;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait(int n) {
+  // wait_group takes an immediate; stages - 1 is at most kMaxStages - 1.
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::); break;
+    case 4: asm volatile("cp.async.wait_group 4;\n" ::); break;
+    case 5: asm volatile("cp.async.wait_group 5;\n" ::); break;
+    case 6: asm volatile("cp.async.wait_group 6;\n" ::); break;
+    default: asm volatile("cp.async.wait_group 7;\n" ::); break;
+  }
+}
+
+struct Cursor {
+  int c;     // chunk index in the sequence
+  int kind;  // 0 = K tiles, 1 = V tiles
+  int tile;  // tile index inside the chunk
+};
+
+template <class P, int D, int GMAX>
+__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeKernelParams p) {
+  using Gm = Geo<P, D>;
+  constexpr int kTile = Gm::kTile;
+  extern __shared__ __align__(16) uint8_t smem[];
+  float* q_s = reinterpret_cast<float*>(smem + size_t(p.stages) * Gm::kStageBytes);  // [GMAX][D]
+  float* p_s = q_s + GMAX * D;                                                        // [kChunk][GMAX]
+  float* red_s = p_s + kChunkTokens * GMAX;                                           // [kSlices][GMAX][D]
+  __shared__ float m_s[GMAX], l_s[GMAX];
+  __shared__ int last_s;
+
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int H = p.num_kv_heads;
+
+  // Sequence length and page-table row, read on the device (the grid never depends on them).
+  int64_t len, row;
+  if (p.table.row_start) {
+    const int r0 = p.table.row_start[b], r1 = p.table.row_start[b + 1];
+    row = r0;
+    len = p.table.seq_lens ? p.table.seq_lens[b]
+                           : (r1 - r0 <= 0 ? 0 : int64_t(r1 - r0 - 1) * p.page_size + p.table.last_page_len[b]);
+  } else {
+    row = int64_t{b} * p.table.row_stride;
+    len = p.table.seq_lens[b];
+  }
+  if (len < 0) len = 0;
+  if (len > p.max_context) {
+    if (split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 2);
+    len = p.max_context;
+  }
+  const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
+
+  // The query, scaled once (softmax scale, log2 e, per-head format scale): never per element of K.
+  const float qs = p.qk_scale_log2 * P::q_scale(p.fp, h);
+  for (int i = tid; i < GMAX * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    q_s[i] = g < p.group ? bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + h * p.group + g) * D + d]) * qs : 0.f;
+  }
+  if constexpr (P::kRotate) {
+    // Keys are stored Hadamard-rotated: rotate the query once instead ((Hq).(Hk) = q.k), one thread per head.
+    __syncthreads();
+    if (tid < GMAX) block::hadamard<D>(q_s + tid * D);
+  }
+
+  auto ntiles = [&](int c) {
+    const int64_t rem = len - int64_t{c} * kChunkTokens;
+    const int v = rem < kChunkTokens ? static_cast<int>(rem) : kChunkTokens;
+    return (v + kTile - 1) / kTile;
+  };
+  auto advance = [&](Cursor& cu) {
+    if (++cu.tile == ntiles(cu.c)) {
+      cu.tile = 0;
+      if (cu.kind == 0) {
+        cu.kind = 1;
+      } else {
+        cu.kind = 0;
+        cu.c += p.num_splits;
+      }
+    }
+  };
+  const int32_t* pages = p.table.pages;
+  auto issue = [&](const Cursor& cu, int slot) {
+    uint8_t* dst = smem + size_t(slot) * Gm::kStageBytes;
+    const uint8_t* pool = cu.kind ? p.v_pool : p.k_pool;
+    const int64_t t0 = int64_t{cu.c} * kChunkTokens + int64_t{cu.tile} * kTile;
+    for (int i = tid; i < Gm::kTileCodeBytes / 16; i += kThreads) {
+      const int byte = i * 16, tok = byte / Gm::kCode, inrow = byte % Gm::kCode;
+      const int64_t t = t0 + tok;
+      const void* src = pool;
+      int bytes = 0;
+      if (t < len) {
+        const int32_t pg = __ldg(pages + row + t / p.page_size);
+        if (pg >= 0 && pg < p.num_pages) {
+          src = pool + (int64_t{pg} * H + h) * p.head_block_bytes + (t % p.page_size) * Gm::kCode + inrow;
+          bytes = 16;
+        } else if (p.status) {
+          atomicOr(p.status, 1);
+        }
+      }
+      cp_async16(dst + byte, src, bytes);  // bytes = 0 zero-fills: padding tokens never hold stale NaNs
+    }
+    if constexpr (Gm::kMeta > 0) {
+      for (int i = tid; i < Gm::kTileMetaBytes / 16; i += kThreads) {
+        constexpr int kM = Gm::kMeta > 0 ? Gm::kMeta : 1;
+        const int byte = i * 16, tok = byte / kM, inrow = byte % kM;
+        const int64_t t = t0 + tok;
+        const void* src = pool;
+        int bytes = 0;
+        if (t < len && tok < kTile) {
+          const int32_t pg = __ldg(pages + row + t / p.page_size);
+          if (pg >= 0 && pg < p.num_pages) {
+            src = pool + (int64_t{pg} * H + h) * p.head_block_bytes + int64_t{p.page_size} * Gm::kCode +
+                  (t % p.page_size) * Gm::kMeta + inrow;
+            bytes = 16;
+          }
+        }
+        cp_async16(dst + Gm::kTileCodeBytes + byte, src, bytes);
+      }
+    }
+  };
+
+  float acc[GMAX][8];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+
+  Cursor prod{split, 0, 0}, cons{split, 0, 0};
+  for (int s = 0; s < p.stages - 1; ++s) {
+    if (prod.c < n_chunks) {
+      issue(prod, s);
+      advance(prod);
+    }
+    cp_async_commit();
+  }
+  __syncthreads();  // q_s visible
+  // This thread's octet of every query head, for the whole CTA lifetime: no shared-memory traffic for q.
+  const int part = tid % Gm::kTPT;
+  float qreg[GMAX][8];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qreg[g][i] = q_s[g * D + part * 8 + i];
+  int slot = 0, pslot = p.stages - 1;
+  while (cons.c < n_chunks) {
+    if (prod.c < n_chunks) {
+      issue(prod, pslot);
+      advance(prod);
+    }
+    cp_async_commit();
+    pslot = pslot + 1 == p.stages ? 0 : pslot + 1;
+    cp_async_wait(p.stages - 1);
+    __syncthreads();
+
+    const uint8_t* tile = smem + size_t(slot) * Gm::kStageBytes;
+    const uint8_t* meta = tile + Gm::kTileCodeBytes;
+    const int64_t chunk0 = int64_t{cons.c} * kChunkTokens;
+    const int tloc0 = cons.tile * kTile;
+    const int64_t rem = len - chunk0 - tloc0;
+    const int valid = rem < kTile ? static_cast<int>(rem) : kTile;
+    const int chunk_valid = len - chunk0 < kChunkTokens ? static_cast<int>(len - chunk0) : kChunkTokens;
+    const bool last_tile = cons.tile + 1 == ntiles(cons.c);
+
+    if (cons.kind == 0) {
+      // Scores: kOct threads per token, one octet each (q in registers); fixed-order shuffle reduction.
+      const int tk = tid / Gm::kTPT;
+#pragma unroll 2
+      for (int pass = 0; pass < kTile / Gm::kTokPerPass; ++pass) {
+        const int tok = pass * Gm::kTokPerPass + tk;
+        const uint8_t* rowp = tile + tok * Gm::kCode;
+        const uint8_t* mp = meta + tok * Gm::kMeta;
+        float s[GMAX];
+        float x[8];
+        P::dequant8(rowp, part, mp, x);
+        // Formats with a scale per octet (int4's group scale) scale the octet's sum once.
+        [[maybe_unused]] const float osc = P::octet_scale(mp, part);
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) {
+          float t = qreg[g][0] * x[0];
+#pragma unroll
+          for (int i = 1; i < 8; ++i) t = fmaf(qreg[g][i], x[i], t);
+          s[g] = P::kHasOctetScale ? t * osc : t;
+        }
+#pragma unroll
+        for (int off = Gm::kTPT / 2; off >= 1; off /= 2)
+#pragma unroll
+          for (int g = 0; g < GMAX; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
+        if (part == 0) {
+          const float ks = P::k_token_scale(mp);
+#pragma unroll
+          for (int g = 0; g < GMAX; ++g) p_s[(tloc0 + tok) * GMAX + g] = tok < valid ? s[g] * ks : -INFINITY;
+        }
+      }
+      if (last_tile) {
+        __syncthreads();
+        // Exact softmax of the chunk: warp w owns heads w, w+4; max is order-free, the sum's order is fixed.
+        for (int g = warp; g < GMAX; g += kWarps) {
+          float m = -INFINITY;
+          for (int t = lane; t < chunk_valid; t += 32) m = fmaxf(m, p_s[t * GMAX + g]);
+#pragma unroll
+          for (int off = 16; off >= 1; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+          float sum = 0.f;
+          for (int t = lane; t < chunk_valid; t += 32) {
+            const float e = exp2f(p_s[t * GMAX + g] - m);
+            p_s[t * GMAX + g] = e;
+            sum += e;
+          }
+#pragma unroll
+          for (int off = 16; off >= 1; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+          if (lane == 0) {
+            m_s[g] = m;
+            l_s[g] = sum;
+          }
+        }
+      }
+    } else {
+      // P.V: thread (octet vo, slice vs) accumulates its 8 output elements over tokens vs, vs+kSlices, ...
+      const int vo = tid % Gm::kOct, vs = tid / Gm::kOct;
+#pragma unroll 2
+      for (int t = vs; t < valid; t += Gm::kSlices) {
+        const uint8_t* mp = meta + t * Gm::kMeta;
+        float x[8];
+        P::dequant8(tile + t * Gm::kCode, vo, mp, x);
+        const float vsc = P::kHasOctetScale ? P::v_token_scale(mp) * P::octet_scale(mp, vo) : P::v_token_scale(mp);
+        const float* pr = p_s + (tloc0 + t) * GMAX;
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) {
+          const float w = pr[g] * vsc;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(w, x[i], acc[g][i]);
+        }
+      }
+      if (last_tile) {
+        // Slices of one warp first (shuffles, fixed order), then the warps in order through shared memory.
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            float a = acc[g][i];
+#pragma unroll
+            for (int off = Gm::kOct; off < 32; off *= 2) a += __shfl_xor_sync(0xffffffffu, a, off);
+            if (lane < Gm::kOct) red_s[(warp * GMAX + g) * D + vo * 8 + i] = a;
+            acc[g][i] = 0.f;
+          }
+        __syncthreads();
+        const int64_t base = (int64_t{b} * H + h) * p.max_chunks + cons.c;
+        for (int i = tid; i < p.group * D; i += kThreads) {
+          const int g = i / D, d = i % D;
+          float a = 0.f;
+          for (int w2 = 0; w2 < kWarps; ++w2) a += red_s[(w2 * GMAX + g) * D + d];
+          p.ws_acc[base * p.group * D + i] = a;
+        }
+        if (tid < p.group) p.ws_ml[base * p.group + tid] = make_float2(m_s[tid], l_s[tid]);
+      }
+    }
+    __syncthreads();
+    advance(cons);
+    slot = slot + 1 == p.stages ? 0 : slot + 1;
+  }
+  cp_async_wait(0);
+
+  // Arrival: the last CTA of this (sequence, kv head) merges; it resets the counter so a graph replay starts clean.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int old = atomicAdd(p.sem + (b * H + h), 1);
+    const bool last = old == p.num_splits - 1;
+    if (last) atomicExch(p.sem + (b * H + h), 0);
+    last_s = last;
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+
+  const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
+  const float os = P::out_scale(p.fp, h);
+  float* o_s = red_s;  // [group][D] merged output before the (optional) inverse rotation
+  for (int i = tid; i < p.group * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    float m = -INFINITY, l = 0.f, o = 0.f;
+    for (int c = 0; c < n_chunks; ++c) {  // fixed order: the definition of the result
+      const float2 ml = __ldcg(p.ws_ml + (base + c) * p.group + g);
+      const float a = __ldcg(p.ws_acc + (base + c) * p.group * D + i);
+      const float mn = fmaxf(m, ml.x);
+      const float sa = exp2f(m - mn), sc = exp2f(ml.x - mn);
+      l = l * sa + ml.y * sc;
+      o = o * sa + a * sc;
+      m = mn;
+    }
+    const int qh = h * p.group + g;
+    const float res = n_chunks > 0 ? o / l * os : 0.f;
+    if constexpr (P::kRotate) o_s[i] = res;
+    else p.out[(int64_t{b} * p.num_qo_heads + qh) * D + d] = f32_to_bf16(res);
+    if (p.lse && d == 0)
+      p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (m + log2f(l)) * 0.69314718055994530942f : -INFINITY;
+  }
+  if constexpr (P::kRotate) {
+    // Values are stored rotated: one inverse rotation (H = H^-1) of the output, never per element of V.
+    __syncthreads();
+    if (tid < p.group) block::hadamard<D>(o_s + tid * D);
+    __syncthreads();
+    for (int i = tid; i < p.group * D; i += kThreads)
+      p.out[(int64_t{b} * p.num_qo_heads + h * p.group) * D + i] = f32_to_bf16(o_s[i]);
+  }
+}
+
+template <class P, int D, int GMAX>
+void launch_decode(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
+  using Gm = Geo<P, D>;
+  const size_t smem = size_t(kp.stages) * Gm::kStageBytes + smem_extra_bytes<GMAX>(D);
+  // Raising the dynamic shared-memory limit is a host-side attribute, not a stream operation: done once per
+  // instantiation (to the maximum any plan can ask) so run() stays capturable.
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const size_t max_smem = size_t(kMaxStages) * Gm::kStageBytes + smem_extra_bytes<GMAX>(D);
+    int dev = 0, optin = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaFuncSetAttribute(decode_kernel<P, D, GMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(std::min<size_t>(max_smem, optin)));
+  });
+  dim3 grid(kp.num_splits, kp.num_kv_heads, batch);
+  decode_kernel<P, D, GMAX><<<grid, kThreads, smem, stream>>>(kp);
+}
+
+// Launch for one format: instantiated in decode_<format>.cu.
+template <class P>
+void launch_decode_format(const DecodeKernelParams& kp, int head_dim, int batch, cudaStream_t st) {
+  KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&] {
+    if (kp.group == 1) launch_decode<P, D, 1>(kp, batch, st);
+    else if (kp.group == 2) launch_decode<P, D, 2>(kp, batch, st);
+    else if (kp.group <= 4) launch_decode<P, D, 4>(kp, batch, st);
+    else launch_decode<P, D, 8>(kp, batch, st);
+  });
+}
+extern template void launch_decode_format<Bf16Policy>(const DecodeKernelParams&, int, int, cudaStream_t);
+extern template void launch_decode_format<Fp8Policy>(const DecodeKernelParams&, int, int, cudaStream_t);
+extern template void launch_decode_format<Int4Policy<false>>(const DecodeKernelParams&, int, int, cudaStream_t);
+extern template void launch_decode_format<Int4Policy<true>>(const DecodeKernelParams&, int, int, cudaStream_t);
+
+}  // namespace cuda_detail
+}  // namespace kvpack
