@@ -241,21 +241,22 @@ TEST_P(TinyModel, MatchesFp64ReferenceInEveryChunking) {
   const auto fp32 = make_fp32_codec();
   const auto full = run_all(model, toks, fp32.get(), 64);
   EXPECT_LT(max_abs_diff(full, ref), kTinyTol) << v.name;
-  for (int chunk : {1, 5, 8}) EXPECT_LT(max_abs_diff(run_all(model, toks, fp32.get(), chunk), full), 1e-5) << chunk;
+  // Different chunkings only change the sgemm blocking: fp32 rounding-level differences.
+  for (int chunk : {1, 5, 8}) EXPECT_LT(max_abs_diff(run_all(model, toks, fp32.get(), chunk), full), 1e-4) << chunk;
 
   // Token-by-token decode through forward_last gives the same last-position logits.
   LlamaSession s(model, 32, fp32.get());
   std::vector<float> last;
   for (auto t : toks) last = s.forward_last(std::span<const int32_t>(&t, 1));
   const std::vector<float> ref_last(full.end() - 37, full.end());
-  EXPECT_LT(max_abs_diff(last, ref_last), 1e-5);
+  EXPECT_LT(max_abs_diff(last, ref_last), 1e-4);
 
   // bf16 cache (the default codec) equals the fp64 reference with K/V rounded to bf16 and differs from fp32 slightly.
   const auto bf16 = run_all(model, toks, nullptr, 7);
   EXPECT_LT(max_abs_diff(bf16, ref_forward(w, toks, true)), kTinyTol);
   const double d = max_abs_diff(bf16, full);
   EXPECT_GT(d, 0.0);
-  EXPECT_LT(d, 0.1);
+  EXPECT_LT(d, 0.5);  // random weights give logits of O(10); bf16 K/V moves them by ~1%
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, TinyModel,
@@ -518,7 +519,10 @@ TEST(TextEval, WindowsWithAndWithoutBos) {
     o.codec = fp32.get();
     o.chunk = 3;
     std::vector<TokenScore> seen;
-    const auto r = score_text(model, toks, o, [&](const TokenScore& s) { seen.push_back(s); });
+    const auto r = score_text(model, toks, o, [&](const TokenScore& s) {
+      EXPECT_NEAR(s.nll, token_nll(s.logits, 37, s.target), 1e-9);  // logits are valid during the callback only
+      seen.push_back(s);
+    });
     // BOS: windows of 7 text tokens, all 20 scored in 3 windows. None: windows of 8, 7 scored in each of 2 full
     // windows and 3 in the last one of 4 tokens.
     EXPECT_EQ(r.windows, 3);
@@ -533,7 +537,6 @@ TEST(TextEval, WindowsWithAndWithoutBos) {
       if (bos >= 0) win.push_back(bos);
       for (int i = s.window * text_per; i < std::min<int>(20, (s.window + 1) * text_per); ++i) win.push_back(toks[i]);
       EXPECT_NEAR(s.nll, ref_nll(win, s.pos_in_window), 1e-4) << s.index;
-      EXPECT_NEAR(s.nll, token_nll(s.logits, 37, s.target), 1e-9);
     }
     EXPECT_NEAR(r.mean_nll, sum / r.tokens, 1e-12);
     EXPECT_NEAR(r.ppl, std::exp(r.mean_nll), 1e-9);
@@ -606,10 +609,11 @@ TEST(SmolLM2, LogitsMatchTransformers) {
   RecordProperty("max_abs_diff_rows", std::to_string(row_diff));
   std::printf("SmolLM2 vs transformers: max |diff| top-%d %.3g, full rows %.3g\n", fx["top_k"].get<int>(), top_diff,
               row_diff);
-  // Logits are O(10); two fp32 implementations of 30 layers with different summation orders agree to ~1e-4
-  // relative. 2e-2 absolute is far below what any real bug (RoPE pairing, a missing bias, bf16 K/V: see below) does.
-  EXPECT_LT(top_diff, 2e-2);
-  EXPECT_LT(row_diff, 2e-2);
+  // Logits are O(10). Two fp32 implementations of 30 layers with different summation orders were measured to agree
+  // to 4e-5 (max over the rows); 2e-3 leaves 50x for other BLAS builds and is still 45x below what rounding K/V to
+  // bf16 does (0.09, below), so a RoPE pairing, bias or mask bug cannot hide under it.
+  EXPECT_LT(top_diff, 2e-3);
+  EXPECT_LT(row_diff, 2e-3);
   EXPECT_EQ(order_mismatch, 0);
 
   // bf16 K/V rounding changes logits only a little (but does change them).
@@ -625,12 +629,15 @@ TEST(SmolLM2, ChunkedPrefillEqualsDecode) {
   const auto& m = *smollm2();
   const auto toks = fixture()["tokens"].get<std::vector<int32_t>>();
   const auto V = m.config().vocab_size;
-  const auto one = run_all(m, toks, nullptr, 256);
-  EXPECT_LT(max_abs_diff(run_all(m, toks, nullptr, 7), one), 2e-3);
-  LlamaSession s(m, 64);
+  // fp32 cache: chunking changes only the sgemm blocking. (With a bf16 cache a 1e-7 difference in K can flip a bf16
+  // rounding, which moves logits by up to ~0.05 through 30 layers, so equality is checked on the fp32 path.)
+  const auto fp32 = make_fp32_codec();
+  const auto one = run_all(m, toks, fp32.get(), 256);
+  EXPECT_LT(max_abs_diff(run_all(m, toks, fp32.get(), 7), one), 1e-3);
+  LlamaSession s(m, 64, fp32.get());
   std::vector<float> last;
   for (auto t : toks) last = s.forward_last(std::span<const int32_t>(&t, 1));
-  EXPECT_LT(max_abs_diff(last, std::vector<float>(one.end() - V, one.end())), 2e-3);
+  EXPECT_LT(max_abs_diff(last, std::vector<float>(one.end() - V, one.end())), 1e-3);
 }
 
 TEST(SmolLM2, GreedyChatGeneration) {

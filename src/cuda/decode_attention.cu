@@ -66,6 +66,7 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   kp.num_kv_heads = s.num_kv_heads;
   kp.group = s.num_qo_heads / s.num_kv_heads;
   kp.page_size = s.page_size;
+  kp.page_shift = __builtin_ctz(static_cast<unsigned>(s.page_size));
   kp.num_splits = plan.num_splits;
   kp.stages = plan.stages;
   kp.max_chunks = plan.max_chunks;

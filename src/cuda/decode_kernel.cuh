@@ -74,7 +74,7 @@ struct DecodeKernelParams {
   float2* ws_ml;   // [batch][num_kv_heads][max_chunks][group] (max, sum) in the log2 domain
   int* sem;        // [batch][num_kv_heads] arrival counters, reset to 0 by the merging CTA (graph-safe)
   int32_t* status;
-  int num_qo_heads, num_kv_heads, group, page_size, num_splits, stages, max_chunks;
+  int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks;
   int64_t max_context;
   int64_t head_block_bytes;
 };
@@ -96,6 +96,35 @@ __device__ __forceinline__ void cp_async_wait(int n) {
     case 6: asm volatile("cp.async.wait_group 6;\n" ::); break;
     default: asm volatile("cp.async.wait_group 7;\n" ::); break;
   }
+}
+
+// Sum v[] over the `lanes` consecutive lanes of a token (lanes a power of two >= N), scattering the results: on
+// return v[0] holds the full sum of head (part / (lanes / N)) where part = lane % lanes. Summation order is fixed.
+template <int N, int Lanes>
+__device__ __forceinline__ int reduce_scatter(float (&v)[N], int part) {
+  static_assert(Lanes >= N, "needs at least as many lanes as heads");
+  int head = 0;
+  constexpr int kLevels = [] { int l = 0; for (int x = Lanes; x > 1; x /= 2) ++l; return l; }();
+#pragma unroll
+  for (int lv = 0; lv < kLevels; ++lv) {
+    const int off = Lanes >> (lv + 1);
+    const int n = N >> lv;  // heads still carried (>= 1)
+    if (n > 1) {
+      const bool upper = (part & off) != 0;
+#pragma unroll
+      for (int j = 0; j < N / 2; ++j) {
+        if (j < n / 2) {
+          const float send = upper ? v[j] : v[j + n / 2];
+          const float keep = upper ? v[j + n / 2] : v[j];
+          v[j] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+      }
+      head += upper ? n / 2 : 0;
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+    }
+  }
+  return head;
 }
 
 struct Cursor {
@@ -176,9 +205,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeKernelP
       const void* src = pool;
       int bytes = 0;
       if (t < len) {
-        const int32_t pg = __ldg(pages + row + t / p.page_size);
+        const int32_t pg = __ldg(pages + row + (t >> p.page_shift));  // page sizes are powers of two: no 64-bit division
         if (pg >= 0 && pg < p.num_pages) {
-          src = pool + (int64_t{pg} * H + h) * p.head_block_bytes + (t % p.page_size) * Gm::kCode + inrow;
+          src = pool + (int64_t{pg} * H + h) * p.head_block_bytes + (t & (p.page_size - 1)) * Gm::kCode + inrow;
           bytes = 16;
         } else if (p.status) {
           atomicOr(p.status, 1);
@@ -194,10 +223,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeKernelP
         const void* src = pool;
         int bytes = 0;
         if (t < len && tok < kTile) {
-          const int32_t pg = __ldg(pages + row + t / p.page_size);
+          const int32_t pg = __ldg(pages + row + (t >> p.page_shift));  // page sizes are powers of two: no 64-bit division
           if (pg >= 0 && pg < p.num_pages) {
             src = pool + (int64_t{pg} * H + h) * p.head_block_bytes + int64_t{p.page_size} * Gm::kCode +
-                  (t % p.page_size) * Gm::kMeta + inrow;
+                  (t & (p.page_size - 1)) * Gm::kMeta + inrow;
             bytes = 16;
           }
         }
@@ -268,14 +297,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeKernelP
           for (int i = 1; i < 8; ++i) t = fmaf(qreg[g][i], x[i], t);
           s[g] = P::kHasOctetScale ? t * osc : t;
         }
-#pragma unroll
-        for (int off = Gm::kTPT / 2; off >= 1; off /= 2)
-#pragma unroll
-          for (int g = 0; g < GMAX; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
-        if (part == 0) {
+        // Reduce-scatter over the token's kOct lanes: each level halves the heads a lane carries (GMAX - 1 + ...
+        // shuffles instead of log2(kOct) x GMAX); lane part ends with head part / (kOct / GMAX). Fixed order.
+        const int head = reduce_scatter<GMAX, Gm::kTPT>(s, part);
+        if (part % (Gm::kTPT / GMAX) == 0) {
           const float ks = P::k_token_scale(mp);
-#pragma unroll
-          for (int g = 0; g < GMAX; ++g) p_s[(tloc0 + tok) * GMAX + g] = tok < valid ? s[g] * ks : -INFINITY;
+          p_s[(tloc0 + tok) * GMAX + head] = tok < valid ? s[0] * ks : -INFINITY;
         }
       }
       if (last_tile) {

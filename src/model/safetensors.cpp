@@ -59,11 +59,14 @@ constexpr std::string_view kOtherKnownDtypes[] = {"U16", "U32", "U64", "C64", "F
 
 std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
+// "a string", "an array", "a negative integer", ... for messages of the form "X is {}, expected Y".
 std::string type_name(const json& j) {
-  if (j.is_number_unsigned()) return "non-negative integer";
-  if (j.is_number_integer()) return "negative integer";
-  if (j.is_number_float()) return "floating-point number";
-  return j.type_name();
+  if (j.is_number_unsigned()) return "a non-negative integer";
+  if (j.is_number_integer()) return "a negative integer";
+  if (j.is_number_float()) return "a floating-point number";
+  if (j.is_null()) return "null";
+  if (j.is_object() || j.is_array()) return std::string("an ") + j.type_name();
+  return std::string("a ") + j.type_name();
 }
 
 // Parses JSON text, rejecting duplicate keys in any object (the DOM would silently keep the last one). `file` and
@@ -171,7 +174,7 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* p, size_t n, std::string n
   f.header_size_ = static_cast<size_t>(hlen);
   const char* hbeg = reinterpret_cast<const char*>(p + 8);
   json h = parse_json_strict(hbeg, hbeg + hlen, file, "header");
-  KVPACK_CHECK(h.is_object(), "{}: header is a JSON {}, expected an object", file, h.type_name());
+  KVPACK_CHECK(h.is_object(), "{}: header is {}, expected a JSON object", file, type_name(h));
 
   const uint8_t* data = p + 8 + hlen;
   const size_t data_size = n - 8 - static_cast<size_t>(hlen);
@@ -185,24 +188,24 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* p, size_t n, std::string n
   for (auto& [key, val] : h.items()) {
     if (key == "__metadata__") {
       if (val.is_null()) continue;
-      KVPACK_CHECK(val.is_object(), "{}: __metadata__ is a {}, expected an object of strings", file,
+      KVPACK_CHECK(val.is_object(), "{}: __metadata__ is {}, expected an object of strings", file,
                    type_name(val));
       for (auto& [mk, mv] : val.items()) {
-        KVPACK_CHECK(mv.is_string(), "{}: __metadata__ entry '{}' is a {}, expected a string", file, mk,
+        KVPACK_CHECK(mv.is_string(), "{}: __metadata__ entry '{}' is {}, expected a string", file, mk,
                      type_name(mv));
         f.metadata_.emplace(mk, mv.get<std::string>());
       }
       continue;
     }
     const std::string ctx = fmt::format("{}: tensor '{}'", file, key);
-    KVPACK_CHECK(val.is_object(), "{}: entry is a {}, expected an object with dtype, shape, data_offsets", ctx,
+    KVPACK_CHECK(val.is_object(), "{}: entry is {}, expected an object with dtype, shape, data_offsets", ctx,
                  type_name(val));
     Entry e{};
     e.t.name = key;
 
     auto dt = val.find("dtype");
     KVPACK_CHECK(dt != val.end(), "{}: missing field 'dtype'", ctx);
-    KVPACK_CHECK(dt->is_string(), "{}: field 'dtype' is a {}, expected a string", ctx, type_name(*dt));
+    KVPACK_CHECK(dt->is_string(), "{}: field 'dtype' is {}, expected a string", ctx, type_name(*dt));
     const auto& dname = dt->get_ref<const std::string&>();
     const DtypeInfo* info = nullptr;
     for (const auto& i : kDtypes)
@@ -217,10 +220,10 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* p, size_t n, std::string n
 
     auto sh = val.find("shape");
     KVPACK_CHECK(sh != val.end(), "{}: missing field 'shape'", ctx);
-    KVPACK_CHECK(sh->is_array(), "{}: field 'shape' is a {}, expected an array of integers", ctx, type_name(*sh));
+    KVPACK_CHECK(sh->is_array(), "{}: field 'shape' is {}, expected an array of integers", ctx, type_name(*sh));
     for (size_t i = 0; i < sh->size(); ++i) {
       const json& d = (*sh)[i];
-      KVPACK_CHECK(d.is_number_unsigned(), "{}: shape[{}] is a {}, expected a non-negative integer", ctx, i,
+      KVPACK_CHECK(d.is_number_unsigned(), "{}: shape[{}] is {}, expected a non-negative integer", ctx, i,
                    type_name(d));
       uint64_t v = d.get<uint64_t>();
       KVPACK_CHECK(v <= static_cast<uint64_t>(INT64_MAX), "{}: shape[{}] = {} is too large", ctx, i, v);
@@ -230,9 +233,9 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* p, size_t n, std::string n
     auto off = val.find("data_offsets");
     KVPACK_CHECK(off != val.end(), "{}: missing field 'data_offsets'", ctx);
     KVPACK_CHECK(off->is_array() && off->size() == 2, "{}: field 'data_offsets' is {}, expected [begin, end]", ctx,
-                 off->is_array() ? fmt::format("an array of {} elements", off->size()) : "a " + type_name(*off));
+                 off->is_array() ? fmt::format("an array of {} elements", off->size()) : type_name(*off));
     for (int i = 0; i < 2; ++i)
-      KVPACK_CHECK((*off)[i].is_number_unsigned(), "{}: data_offsets[{}] is a {}, expected a non-negative integer",
+      KVPACK_CHECK((*off)[i].is_number_unsigned(), "{}: data_offsets[{}] is {}, expected a non-negative integer",
                    ctx, i, type_name((*off)[i]));
     e.begin = (*off)[0].get<uint64_t>();
     e.end = (*off)[1].get<uint64_t>();
@@ -346,20 +349,20 @@ SafetensorsModel SafetensorsModel::open(const std::string& path) {
   MappedFile imap(ipath);
   const char* ib = reinterpret_cast<const char*>(imap.data());
   json j = parse_json_strict(ib, ib + imap.size(), ipath, "index");
-  KVPACK_CHECK(j.is_object(), "{}: index is a JSON {}, expected an object", ipath, type_name(j));
+  KVPACK_CHECK(j.is_object(), "{}: index is {}, expected a JSON object", ipath, type_name(j));
   if (auto md = j.find("metadata"); md != j.end() && !md->is_null()) {
-    KVPACK_CHECK(md->is_object(), "{}: field 'metadata' is a {}, expected an object", ipath, type_name(*md));
+    KVPACK_CHECK(md->is_object(), "{}: field 'metadata' is {}, expected an object", ipath, type_name(*md));
     for (auto& [k, v] : md->items()) m.metadata_.emplace(k, v.is_string() ? v.get<std::string>() : v.dump());
   }
   auto wm = j.find("weight_map");
   KVPACK_CHECK(wm != j.end(), "{}: missing field 'weight_map'", ipath);
-  KVPACK_CHECK(wm->is_object(), "{}: field 'weight_map' is a {}, expected an object", ipath, type_name(*wm));
+  KVPACK_CHECK(wm->is_object(), "{}: field 'weight_map' is {}, expected an object", ipath, type_name(*wm));
   KVPACK_CHECK(!wm->empty(), "{}: field 'weight_map' is empty", ipath);
 
   std::map<std::string, size_t> shard_index;  // shard file name -> files_ index
   std::map<std::string, std::string> first_tensor;
   for (auto& [name, shard] : wm->items()) {
-    KVPACK_CHECK(shard.is_string(), "{}: weight_map['{}'] is a {}, expected a shard file name", ipath, name,
+    KVPACK_CHECK(shard.is_string(), "{}: weight_map['{}'] is {}, expected a shard file name", ipath, name,
                  type_name(shard));
     const auto& s = shard.get_ref<const std::string&>();
     const fs::path sp(s);
