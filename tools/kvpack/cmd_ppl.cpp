@@ -54,14 +54,13 @@ int run(const Opts& o) {
   so.codec = codec.get();
   so.chunk = o.chunk;
   kvpack::Progress progress("ppl", static_cast<int64_t>(tokens.size()), !o.quiet);
-  so.progress = &progress;
   // Running NLL in the progress line, so a long run shows where it is heading.
   double nll_sum = 0;
   int64_t scored = 0;
   const auto r = kvpack::score_text(model, tokens, so, [&](const kvpack::TokenScore& s) {
     nll_sum += s.nll;
     ++scored;
-    if (scored % 256 == 0)
+    if (scored % 64 == 0)
       progress.update(scored, fmt::format("{:.0f} tok/s ppl {:.3f}", scored / progress.elapsed_s(),
                                           std::exp(nll_sum / scored)));
   });
