@@ -23,6 +23,10 @@ size_t decode_smem_bytes(Format f, int head_dim, int group, int stages) {
   return size_t(stages) * decode_stage_bytes(f, head_dim) + extra;
 }
 
+int decode_ctas_per_sm(Format f, int head_dim, int group, int stages) {
+  return KVPACK_DISPATCH_FORMAT(f, P, [&]() -> int { return ctas_per_sm_format<P>(head_dim, group, stages); });
+}
+
 namespace {
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 }  // namespace

@@ -3,4 +3,5 @@
 
 namespace kvpack::cuda_detail {
 template void launch_decode_format<Bf16Policy>(const DecodeKernelParams&, int, int, cudaStream_t);
+template int ctas_per_sm_format<Bf16Policy>(int, int, int);
 }  // namespace kvpack::cuda_detail

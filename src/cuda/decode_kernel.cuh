@@ -127,6 +127,28 @@ __device__ __forceinline__ int reduce_scatter(float (&v)[N], int part) {
   return head;
 }
 
+// The normalised Walsh-Hadamard transform of rows x[0..N) of length D in shared memory, all threads cooperating
+// (one butterfly per thread per stage). Same butterfly order and final scale as block::hadamard<D> (adds only, then
+// one multiply), so each row gets exactly the bits the serial block core gives. Ends with a barrier.
+template <int N, int D>
+__device__ __forceinline__ void hadamard_cooperative(float* x) {
+  for (int len = 1; len < D; len <<= 1) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < N * D / 2; i += blockDim.x) {
+      const int row = i / (D / 2), k = i % (D / 2);
+      const int j = (k / len) * 2 * len + (k % len);  // butterfly (j, j + len) of this stage
+      float* r = x + row * D;
+      const float a = r[j], b = r[j + len];
+      r[j] = a + b;
+      r[j + len] = a - b;
+    }
+  }
+  __syncthreads();
+  constexpr float s = D == 64 ? 0.125f : 0.08838834764831845f;
+  for (int i = threadIdx.x; i < N * D; i += blockDim.x) x[i] *= s;
+  __syncthreads();
+}
+
 struct Cursor {
   int c;     // chunk index in the sequence
   int kind;  // 0 = K tiles, 1 = V tiles
@@ -134,7 +156,9 @@ struct Cursor {
 };
 
 template <class P, int D, int GMAX>
-__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeKernelParams p) {
+// Up to 4 query heads: at most 128 registers so two CTAs (16 warps) share an SM; 8 heads need ~230 (q and the
+// accumulators alone are 128), so one CTA per SM.
+__global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(const DecodeKernelParams p) {
   using Gm = Geo<P, D>;
   constexpr int kTile = Gm::kTile;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -175,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeKernelP
   if constexpr (P::kRotate) {
     // Keys are stored Hadamard-rotated: rotate the query once instead ((Hq).(Hk) = q.k), one thread per head.
     __syncthreads();
-    if (tid < GMAX) block::hadamard<D>(q_s + tid * D);
+    hadamard_cooperative<GMAX, D>(q_s);
   }
 
   auto ntiles = [&](int c) {
@@ -389,41 +413,73 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeKernelP
   const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
   const float os = P::out_scale(p.fp, h);
   float* o_s = red_s;  // [group][D] merged output before the (optional) inverse rotation
-  for (int i = tid; i < p.group * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    float m = -INFINITY, l = 0.f, o = 0.f;
-    for (int c = 0; c < n_chunks; ++c) {  // fixed order: the definition of the result
-      const float2 ml = __ldcg(p.ws_ml + (base + c) * p.group + g);
-      const float a = __ldcg(p.ws_acc + (base + c) * p.group * D + i);
-      const float mn = fmaxf(m, ml.x);
-      const float sa = exp2f(m - mn), sc = exp2f(ml.x - mn);
-      l = l * sa + ml.y * sc;
-      o = o * sa + a * sc;
-      m = mn;
+  // Each thread folds kPairs (head, element) pairs; the chunk partials are fetched kBatch chunks at a time for all
+  // its pairs before the (sequential, fixed-order) fold, so a 256-chunk sequence costs ~256 / kBatch L2 round trips
+  // instead of 256 (v3 spent most of a batch-1 128k step here).
+  constexpr int kPairs = (GMAX * D + kThreads - 1) / kThreads;
+  constexpr int kBatch = kPairs >= 2 ? 8 : 16;
+  float m[kPairs], l[kPairs], o[kPairs];
+#pragma unroll
+  for (int k = 0; k < kPairs; ++k) {
+    m[k] = -INFINITY;
+    l[k] = 0.f;
+    o[k] = 0.f;
+  }
+  const int npairs = p.group * D;
+  for (int c0 = 0; c0 < n_chunks; c0 += kBatch) {
+    float2 ml[kPairs][kBatch];
+    float a[kPairs][kBatch];
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) {
+      const int i = tid + k * kThreads;
+      const int g = i < npairs ? i / D : 0;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const bool ok = i < npairs && c0 + j < n_chunks;
+        ml[k][j] = ok ? __ldcg(p.ws_ml + (base + c0 + j) * p.group + g) : make_float2(-INFINITY, 0.f);
+        a[k][j] = ok ? __ldcg(p.ws_acc + (base + c0 + j) * p.group * D + i) : 0.f;
+      }
     }
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k)
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (c0 + j >= n_chunks) break;  // fixed order: chunk 0, 1, 2, ... is the definition of the result
+        const float mn = fmaxf(m[k], ml[k][j].x);
+        const float sa = exp2f(m[k] - mn), sc = exp2f(ml[k][j].x - mn);
+        l[k] = l[k] * sa + ml[k][j].y * sc;
+        o[k] = o[k] * sa + a[k][j] * sc;
+        m[k] = mn;
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < kPairs; ++k) {
+    const int i = tid + k * kThreads;
+    if (i >= npairs) continue;
+    const int g = i / D, d = i % D;
     const int qh = h * p.group + g;
-    const float res = n_chunks > 0 ? o / l * os : 0.f;
+    const float res = n_chunks > 0 ? o[k] / l[k] * os : 0.f;
     if constexpr (P::kRotate) o_s[i] = res;
     else p.out[(int64_t{b} * p.num_qo_heads + qh) * D + d] = f32_to_bf16(res);
     if (p.lse && d == 0)
-      p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (m + log2f(l)) * 0.69314718055994530942f : -INFINITY;
+      p.lse[int64_t{b} * p.num_qo_heads + qh] =
+          n_chunks > 0 ? (m[k] + log2f(l[k])) * 0.69314718055994530942f : -INFINITY;
   }
   if constexpr (P::kRotate) {
     // Values are stored rotated: one inverse rotation (H = H^-1) of the output, never per element of V.
     __syncthreads();
-    if (tid < p.group) block::hadamard<D>(o_s + tid * D);
+    hadamard_cooperative<GMAX, D>(o_s);  // rows >= group hold stale data: transformed, never stored
     __syncthreads();
     for (int i = tid; i < p.group * D; i += kThreads)
       p.out[(int64_t{b} * p.num_qo_heads + h * p.group) * D + i] = f32_to_bf16(o_s[i]);
   }
 }
 
+// Raising the dynamic shared-memory limit is a host-side attribute, not a stream operation: done once per
+// instantiation (to the maximum any plan can ask) so run() stays capturable.
 template <class P, int D, int GMAX>
-void launch_decode(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
+void ensure_smem_attr() {
   using Gm = Geo<P, D>;
-  const size_t smem = size_t(kp.stages) * Gm::kStageBytes + smem_extra_bytes<GMAX>(D);
-  // Raising the dynamic shared-memory limit is a host-side attribute, not a stream operation: done once per
-  // instantiation (to the maximum any plan can ask) so run() stays capturable.
   static std::once_flag once;
   std::call_once(once, [] {
     const size_t max_smem = size_t(kMaxStages) * Gm::kStageBytes + smem_extra_bytes<GMAX>(D);
@@ -432,7 +488,15 @@ void launch_decode(const DecodeKernelParams& kp, int batch, cudaStream_t stream)
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     cudaFuncSetAttribute(decode_kernel<P, D, GMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(std::min<size_t>(max_smem, optin)));
+    cudaGetLastError();  // no device (host-only planning): leave the error unsticky
   });
+}
+
+template <class P, int D, int GMAX>
+void launch_decode(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
+  using Gm = Geo<P, D>;
+  const size_t smem = size_t(kp.stages) * Gm::kStageBytes + smem_extra_bytes<GMAX>(D);
+  ensure_smem_attr<P, D, GMAX>();
   dim3 grid(kp.num_splits, kp.num_kv_heads, batch);
   decode_kernel<P, D, GMAX><<<grid, kThreads, smem, stream>>>(kp);
 }
@@ -447,6 +511,30 @@ void launch_decode_format(const DecodeKernelParams& kp, int head_dim, int batch,
     else launch_decode<P, D, 8>(kp, batch, st);
   });
 }
+// Resident CTAs per SM of this format's kernel for (head_dim, group, stages) (occupancy API; 1 without a GPU).
+template <class P>
+int ctas_per_sm_format(int head_dim, int group, int stages) {
+  return KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&]() -> int {
+    auto q = [&](auto kernel, size_t smem) {
+      int n = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess) {
+        cudaGetLastError();
+        return 1;
+      }
+      return n < 1 ? 1 : n;
+    };
+    using Gm = Geo<P, D>;
+    const size_t st = size_t(stages) * Gm::kStageBytes;
+    if (group == 1) return ensure_smem_attr<P, D, 1>(), q(decode_kernel<P, D, 1>, st + smem_extra_bytes<1>(D));
+    if (group == 2) return ensure_smem_attr<P, D, 2>(), q(decode_kernel<P, D, 2>, st + smem_extra_bytes<2>(D));
+    if (group <= 4) return ensure_smem_attr<P, D, 4>(), q(decode_kernel<P, D, 4>, st + smem_extra_bytes<4>(D));
+    return ensure_smem_attr<P, D, 8>(), q(decode_kernel<P, D, 8>, st + smem_extra_bytes<8>(D));
+  });
+}
+extern template int ctas_per_sm_format<Bf16Policy>(int, int, int);
+extern template int ctas_per_sm_format<Fp8Policy>(int, int, int);
+extern template int ctas_per_sm_format<Int4Policy<false>>(int, int, int);
+extern template int ctas_per_sm_format<Int4Policy<true>>(int, int, int);
 extern template void launch_decode_format<Bf16Policy>(const DecodeKernelParams&, int, int, cudaStream_t);
 extern template void launch_decode_format<Fp8Policy>(const DecodeKernelParams&, int, int, cudaStream_t);
 extern template void launch_decode_format<Int4Policy<false>>(const DecodeKernelParams&, int, int, cudaStream_t);

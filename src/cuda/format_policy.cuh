@@ -31,6 +31,11 @@ struct Bf16Policy {
   static constexpr Format kFormat = Format::bf16;
   static constexpr int kOctetBytes = 16;
   static constexpr bool kHasOctetScale = false, kRotate = false, kVectorEncode = false;
+  static constexpr int kEncodeElems = 0;  // plain copies (encode8), no slice encoder
+  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, const FormatParams&, int,
+                                                      bool) {}
+  template <int D>
+  __device__ __forceinline__ static void encode_vec(const float*, uint8_t*, uint8_t*, const FormatParams&, int, bool) {}
   __device__ __forceinline__ static float octet_scale(const uint8_t*, int) { return 1.f; }
   static constexpr int code_bytes(int D) { return 2 * D; }
   static constexpr int meta_bytes(int) { return 0; }
@@ -88,6 +93,18 @@ struct Fp8Policy {
     const float* sc = is_v ? p.v_scale : p.k_scale;
     block::Fp8Block<D>::encode(x, sc ? sc[h] : 1.f, codes);
   }
+  // Write path, 8 elements per thread (coalesced). Fp8Block::encode is elementwise; this applies the same scalar
+  // core (block::f32_to_e4m3 of sanitize(x) * (1 / scale)) to a slice. The byte-exact GPU test guards the two.
+  static constexpr int kEncodeElems = 8;
+  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t*,
+                                                      const FormatParams& p, int h, bool is_v) {
+    const float* sc = is_v ? p.v_scale : p.k_scale;
+    const float inv = 1.0f / (sc ? sc[h] : 1.f);
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i / 4] |= uint32_t(block::f32_to_e4m3(block::sanitize(x[i]) * inv)) << (8 * (i % 4));
+    *reinterpret_cast<uint2*>(codes + group * 8) = make_uint2(w[0], w[1]);
+  }
 };
 
 // int4 / int4h (ggml q4_0 per 32 elements, fp16 group scale; int4h after a Hadamard rotation of the head vector).
@@ -124,6 +141,16 @@ struct Int4Policy {
   __device__ __forceinline__ static void encode_vec(const float* x, uint8_t* codes, uint8_t* meta, const FormatParams&,
                                                     int, bool) {
     block::Int4Block<D, Rotate>::encode(x, codes, meta);
+  }
+  // Write path for plain int4: one thread per 32-element group through the block core's q4_0_encode_group (int4h
+  // needs the whole vector for its rotation: kEncodeElems = 0 keeps it on the per-vector path).
+  static constexpr int kEncodeElems = Rotate ? 0 : 32;
+  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t* meta,
+                                                      const FormatParams&, int, bool) {
+    __align__(16) uint8_t c[16];
+    const uint16_t d = block::q4_0_encode_group(x, c);
+    *reinterpret_cast<uint4*>(codes + 16 * group) = *reinterpret_cast<const uint4*>(c);
+    *reinterpret_cast<uint16_t*>(meta + 2 * group) = d;
   }
 };
 

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -59,6 +61,25 @@ void check_shape(const DecodeShape& s, int batch, int64_t max_context) {
   (void)make_paged_layout(s.format, s.page_size, s.num_kv_heads, s.head_dim);  // validates format/page/head_dim
 }
 
+// Split count from a wave model: CTAs run in waves of (SMs x resident CTAs per SM); the step takes about
+// waves x (chunks per CTA) chunk-times. The smallest split count with the least makespan wins (fewer partials).
+int model_splits(const DecodeShape& s, int batch, int64_t max_context, int stages) {
+  const int group = s.num_qo_heads / s.num_kv_heads;
+  const int64_t units = std::max<int64_t>(1, int64_t{batch} * s.num_kv_heads);
+  const int64_t chunks = (max_context + kChunkTokens - 1) / kChunkTokens;
+  const int64_t slots = int64_t{device_sm_count()} * decode_ctas_per_sm(s.format, s.head_dim, group, stages);
+  int64_t best = 1, best_cost = INT64_MAX;
+  for (int64_t sp = 1; sp <= std::min<int64_t>(chunks, 4096); ++sp) {
+    const int64_t waves = (units * sp + slots - 1) / slots;
+    const int64_t cost = waves * ((chunks + sp - 1) / sp);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = sp;
+    }
+  }
+  return static_cast<int>(best);
+}
+
 DecodePlan make_plan(const DecodeShape& s, int batch, int64_t max_context, int splits, int stages) {
   DecodePlan p;
   p.shape = s;
@@ -98,20 +119,23 @@ DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, con
     if (best) {
       const int group = s.num_qo_heads / s.num_kv_heads;
       if (decode_smem_bytes(s.format, s.head_dim, group, best->stages) <= device_smem_optin()) {
-        DecodePlan p = make_plan(s, batch, max_context, best->num_splits, best->stages);
+        // The measured split count holds for its own (batch, context) bucket; elsewhere the wave model picks it
+        // (with the tuned pipeline depth), so a 64k request on a table tuned at 8k is not cut into 8k-sized work.
+        const int splits = best->batch == batch && best->context == max_context
+                               ? best->num_splits
+                               : model_splits(s, batch, max_context, best->stages);
+        DecodePlan p = make_plan(s, batch, max_context, splits, best->stages);
         p.source = "table";
         return p;
       }
     }
   }
-  // Fallback: enough CTAs for about two waves over the SMs (one CTA per SM by launch bounds), never more splits
-  // than chunks; 4 stages (64 KB in flight) when shared memory allows, else fewer.
+  // Fallback: 3 stages (48 KB of tiles in flight per CTA, two CTAs per SM for <= 4 heads), fewer if shared
+  // memory is short; splits from the wave model.
   const int group = s.num_qo_heads / s.num_kv_heads;
-  const int64_t units = std::max<int64_t>(1, int64_t{batch} * s.num_kv_heads);
-  const int target = 2 * device_sm_count();
-  const int splits = static_cast<int>(std::max<int64_t>(1, (target + units - 1) / units));
-  int stages = 4;
+  int stages = 3;
   while (stages > 2 && decode_smem_bytes(s.format, s.head_dim, group, stages) > device_smem_optin()) --stages;
+  const int splits = model_splits(s, batch, max_context, stages);
   DecodePlan p = make_plan(s, batch, max_context, splits, stages);
   p.source = "fallback";
   return p;

@@ -89,6 +89,50 @@ __global__ void write_kv_vec_kernel(const uint16_t* __restrict__ k, const uint16
   }
 }
 
+// One thread per (token, kv head, K/V, group of kEncodeElems elements) for formats whose encoder works on slices:
+// neighbouring threads read neighbouring 16-byte pieces and write neighbouring code bytes.
+template <class P, int D>
+__global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                                      const int32_t* __restrict__ slots, int num_tokens, int num_kv_heads,
+                                      int page_size, int64_t head_block_bytes, int64_t num_pages,
+                                      uint8_t* __restrict__ k_pool, uint8_t* __restrict__ v_pool, FormatParams params,
+                                      int32_t* status) {
+  // (instantiated for every format by the dispatch; only formats with kEncodeElems > 0 launch it)
+  constexpr int E = P::kEncodeElems > 0 ? P::kEncodeElems : 8, kGroups = D / E;
+  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (idx >= int64_t{num_tokens} * num_kv_heads * 2 * kGroups) return;
+  const int grp = static_cast<int>(idx % kGroups);
+  int64_t r = idx / kGroups;
+  const int kv = static_cast<int>(r % 2);
+  r /= 2;
+  const int head = static_cast<int>(r % num_kv_heads);
+  const int64_t tok = r / num_kv_heads;
+  const int64_t slot = slots[tok];
+  if (slot < 0) return;
+  if (slot >= num_pages * page_size) {
+    if (status) atomicOr(status, 1);
+    return;
+  }
+  const int64_t page = slot / page_size;
+  const int off = static_cast<int>(slot % page_size);
+  const uint4* in = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * D + grp * E);
+  float x[E];
+#pragma unroll
+  for (int i = 0; i < E / 8; ++i) {
+    const uint4 q = in[i];
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
+      x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+  }
+  uint8_t* block = (kv ? v_pool : k_pool) + (page * num_kv_heads + head) * head_block_bytes;
+  P::encode_group(x, grp, block + int64_t{off} * P::code_bytes(D),
+                  block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D), params, head,
+                  kv == 1);
+}
+
 template <class P, int D>
 __global__ void dequant_pages_kernel(const uint8_t* __restrict__ pool, int64_t num_pages, int num_kv_heads,
                                      int page_size, int64_t head_block_bytes, bool is_v, FormatParams params,
@@ -135,7 +179,14 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
                  "write_kv: layout token bytes ({} + {}) disagree with the kernel's format '{}'",
                  l.code_bytes_per_token, l.meta_bytes_per_token, format_name(l.format));
     KVPACK_DISPATCH_HEAD_DIM(l.head_dim, D, [&] {
-      if constexpr (P::kVectorEncode) {
+      if constexpr (P::kVectorEncode && P::kEncodeElems > 0) {
+        const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2 * (D / (P::kEncodeElems > 0 ? P::kEncodeElems : 8));
+        const int64_t blocks = (total + threads - 1) / threads;
+        write_kv_group_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
+                                      static_cast<cudaStream_t>(stream)>>>(
+            a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size, l.head_block_bytes, a.num_pages,
+            a.k_pool, a.v_pool, a.params, a.status);
+      } else if constexpr (P::kVectorEncode) {
         const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2;
         const int64_t blocks = (total + threads - 1) / threads;
         write_kv_vec_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
