@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "kvpack/bf16.h"
+#include "kvpack/block/layout.h"
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
 #include "kvpack/paged.h"
@@ -103,6 +105,51 @@ TEST(PagedWriteRef, Bf16RoundTripAndPaddingSkipped) {
   EXPECT_EQ(kp[l.code_bytes_per_token * 1], 0xA5);
   std::vector<int32_t> bad{48};
   EXPECT_THROW(paged_write_ref(l, kp.data(), vp.data(), pages, k.data(), v.data(), bad.data(), 1, {}), Error);
+}
+
+// Every supported format: the layout's byte counts are the block table's, and a token's codes and metadata sit
+// exactly where docs/FORMATS.md says (codes at t*C, metadata at page_size*C + t*M), holding the block core's bytes.
+TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd;
+  for (Format f : {Format::bf16, Format::fp8, Format::int4, Format::int4h}) {
+    ASSERT_TRUE(paged_format_supported(f)) << format_name(f);
+    for (int D : {64, 128}) {
+      const int P = 32, H = 3;
+      const PagedLayout l = make_paged_layout(f, P, H, D);
+      const auto bl = block::block_layout(f, D);
+      EXPECT_EQ(l.code_bytes_per_token, bl.code_bytes);
+      EXPECT_EQ(l.meta_bytes_per_token, bl.meta_bytes);
+      EXPECT_EQ(l.head_block_bytes % 16, 0);
+      EXPECT_GE(l.head_block_bytes, int64_t{P} * bl.bytes());
+      const int64_t pages = 2;
+      std::vector<uint8_t> kp(pages * l.page_bytes(), 0xA5), vp(pages * l.page_bytes(), 0xA5);
+      std::vector<uint16_t> k(H * D), v(H * D);
+      for (auto& x : k) x = f32_to_bf16(nd(rng));
+      for (auto& x : v) x = f32_to_bf16(nd(rng));
+      std::vector<float> ks(H, 0.02f), vs(H, 0.03f);
+      FormatParams fp{ks.data(), vs.data()};
+      const int32_t slot = 1 * P + 5;  // page 1, offset 5
+      paged_write_ref(l, kp.data(), vp.data(), pages, k.data(), v.data(), &slot, 1, fp);
+      for (int h = 0; h < H; ++h) {
+        std::vector<float> x(D);
+        for (int d = 0; d < D; ++d) x[d] = bf16_to_f32(k[h * D + d]);
+        std::vector<uint8_t> codes(bl.code_bytes), meta(bl.meta_bytes + 1);
+        if (f == Format::bf16) std::memcpy(codes.data(), &k[h * D], 2 * D);
+        if (f == Format::fp8 && D == 64) block::Fp8Block<64>::encode(x.data(), ks[h], codes.data());
+        if (f == Format::fp8 && D == 128) block::Fp8Block<128>::encode(x.data(), ks[h], codes.data());
+        if (f == Format::int4 && D == 64) block::Int4Block<64, false>::encode(x.data(), codes.data(), meta.data());
+        if (f == Format::int4 && D == 128) block::Int4Block<128, false>::encode(x.data(), codes.data(), meta.data());
+        if (f == Format::int4h && D == 64) block::Int4Block<64, true>::encode(x.data(), codes.data(), meta.data());
+        if (f == Format::int4h && D == 128) block::Int4Block<128, true>::encode(x.data(), codes.data(), meta.data());
+        const uint8_t* blk = kp.data() + 1 * l.page_bytes() + h * l.head_block_bytes;
+        EXPECT_EQ(0, std::memcmp(blk + 5 * bl.code_bytes, codes.data(), bl.code_bytes)) << format_name(f) << " D=" << D;
+        if (bl.meta_bytes)
+          EXPECT_EQ(0, std::memcmp(blk + P * bl.code_bytes + 5 * bl.meta_bytes, meta.data(), bl.meta_bytes));
+        EXPECT_EQ(blk[4 * bl.code_bytes], 0xA5);  // the neighbour slot is untouched
+      }
+    }
+  }
 }
 
 TEST(DecodeRef, SingleTokenReturnsItsValueAndFp32MatchesFp64) {
