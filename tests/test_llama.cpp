@@ -280,6 +280,28 @@ TEST(LlamaRope, Llama3ScalingBands) {
   EXPECT_THROW(rope_inv_freq(c), Error);
 }
 
+// llama.cpp stores Llama-3.1 scaling as rope_freqs.weight (divisors); the same divisors give the same model.
+TEST(LlamaRope, GgufFreqFactorsEqualLlama3Scaling) {
+  const auto scaled_cfg = tiny_config(false, true);
+  auto plain_cfg = scaled_cfg;
+  plain_cfg.rope_scaling = {};
+  const auto base = rope_inv_freq(plain_cfg), scaled = rope_inv_freq(scaled_cfg);
+  std::vector<float> factors;
+  for (size_t i = 0; i < base.size(); ++i) factors.push_back(static_cast<float>(base[i] / scaled[i]));
+  EXPECT_GT(*std::max_element(factors.begin(), factors.end()), 1.5f);  // the scaling really does something here
+  auto ws = tiny_weights(scaled_cfg, 4);
+  auto wp = ws;
+  wp.config = plain_cfg;
+  wp.rope_freq_factors = factors;
+  const auto toks = random_tokens(20, 37, 3);
+  const auto fp32 = make_fp32_codec();
+  EXPECT_LT(max_abs_diff(run_all(LlamaModel::from_weights(wp), toks, fp32.get(), 8),
+                         run_all(LlamaModel::from_weights(ws), toks, fp32.get(), 8)),
+            1e-4);
+  factors.pop_back();
+  EXPECT_THROW(rope_inv_freq(plain_cfg, factors), Error);
+}
+
 // llama.cpp's permute() as written in convert_hf_to_gguf.py: reshape(n_head, 2, hd/2, cols).swapaxes(1, 2).
 std::vector<float> ggml_permute(const std::vector<float>& w, int heads, int hd, int cols) {
   std::vector<float> out(w.size());

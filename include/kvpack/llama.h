@@ -39,6 +39,9 @@ struct LlamaLayerWeights {
 struct LlamaWeights {
   ModelConfig config;
   RopeStyle rope_style = RopeStyle::NeoX;
+  // [head_dim/2] divisors of the RoPE inverse frequencies, as llama.cpp stores Llama-3.1 scaling in GGUF files
+  // (tensor rope_freqs.weight instead of rope_scaling metadata); empty = none. Applied on top of config.rope_scaling.
+  std::vector<float> rope_freq_factors;
   std::vector<float> tok_embd;     // [vocab, d_model]
   std::vector<float> output_norm;  // [d_model]
   std::vector<float> output;       // [vocab, d_model]; empty when tied to tok_embd
@@ -135,7 +138,8 @@ class LlamaSession {
   std::vector<float> cos_, sin_;  // [max_ctx, head_dim/2] RoPE tables (rope_scaling applied)
 };
 
-// Inverse frequencies for RoPE including rope_scaling (llama3 / linear); size head_dim/2. Exposed for tests.
-std::vector<double> rope_inv_freq(const ModelConfig& c);
+// Inverse frequencies for RoPE including rope_scaling (llama3 / linear) and optional per-frequency divisors
+// (LlamaWeights::rope_freq_factors); size head_dim/2. Exposed for tests.
+std::vector<double> rope_inv_freq(const ModelConfig& c, std::span<const float> freq_factors = {});
 
 }  // namespace kvpack

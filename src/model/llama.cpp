@@ -64,7 +64,7 @@ void rms_norm(const float* x, int n, int d, const std::vector<float>& w, double 
 
 }  // namespace
 
-std::vector<double> rope_inv_freq(const ModelConfig& c) {
+std::vector<double> rope_inv_freq(const ModelConfig& c, std::span<const float> freq_factors) {
   const int half = c.head_dim / 2;
   std::vector<double> f(half);
   for (int i = 0; i < half; ++i) f[i] = 1.0 / std::pow(c.rope_theta, 2.0 * i / c.head_dim);
@@ -90,6 +90,14 @@ std::vector<double> rope_inv_freq(const ModelConfig& c) {
     KVPACK_CHECK(s.type == "none" || s.type.empty() || s.type == "default",
                  "rope_scaling type '{}' is not supported (supported: none, linear, llama3)", s.type);
   }
+  if (!freq_factors.empty()) {
+    KVPACK_CHECK(freq_factors.size() == f.size(), "rope_freqs has {} factors, expected head_dim/2 = {}",
+                 freq_factors.size(), f.size());
+    for (size_t i = 0; i < f.size(); ++i) {
+      KVPACK_CHECK(freq_factors[i] > 0, "rope_freqs[{}] = {} is not positive", i, freq_factors[i]);
+      f[i] /= freq_factors[i];
+    }
+  }
   return f;
 }
 
@@ -113,7 +121,7 @@ LlamaSession::LlamaSession(const LlamaModel& model, int max_context, const KvCod
   k_cache_.assign(kv, 0.0f);
   v_cache_.assign(kv, 0.0f);
   const int half = cfg_.head_dim / 2;
-  const auto inv = rope_inv_freq(cfg_);
+  const auto inv = rope_inv_freq(cfg_, model.weights().rope_freq_factors);
   cos_.resize(static_cast<int64_t>(max_ctx_) * half);
   sin_.resize(cos_.size());
   for (int p = 0; p < max_ctx_; ++p)

@@ -78,6 +78,7 @@ void LlamaWeights::validate(const std::string& source) const {
   check("embed_tokens", tok_embd, int64_t{c.vocab_size} * d);
   check("norm", output_norm, d);
   if (!output.empty()) check("lm_head", output, int64_t{c.vocab_size} * d);
+  if (!rope_freq_factors.empty()) check("rope_freqs", rope_freq_factors, c.head_dim / 2);
   KVPACK_CHECK(static_cast<int>(layers.size()) == c.n_layers, "{}: {} layers loaded, config says {}", source,
                layers.size(), c.n_layers);
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -210,6 +211,15 @@ LlamaModel LlamaModel::load(const std::string& path) {
   };
   m.w_ = std::make_unique<LlamaWeights>(load_llama_weights(cfg, path, fetch));
   m.w_->rope_style = RopeStyle::NeoX;
+  // Llama-3.1 GGUFs carry their rope scaling as per-frequency divisors instead of metadata. model_config_from_gguf
+  // recognizes the Llama-3 pattern and sets rope_scaling; the divisors are applied only when it did not, never twice.
+  const GgufTensorInfo* rf = f.find_tensor("rope_freqs.weight");
+  if (rf && cfg.rope_scaling.type == "none") {
+    KVPACK_CHECK(rf->n_elements == cfg.head_dim / 2, "{}: tensor 'rope_freqs.weight' has {} elements, expected {}",
+                 path, rf->n_elements, cfg.head_dim / 2);
+    m.w_->rope_freq_factors = f.dequantize(*rf);
+    rope_inv_freq(m.w_->config, m.w_->rope_freq_factors);  // validates the factors now, not at the first session
+  }
   m.tokenizer_ = std::make_shared<const Tokenizer>(Tokenizer::from_gguf(f));
   m.add_bos_ = f.get_bool("tokenizer.ggml.add_bos_token", false);
   auto& c = m.w_->config;
