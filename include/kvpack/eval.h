@@ -136,6 +136,8 @@ std::string eval_to_table(const EvalResult& r);
 // KL (log scale) vs position for all formats of the pooled (or only) text, via gnuplot. Throws kvpack::Error with a
 // clear message when gnuplot is not installed or fails.
 void plot_eval(const EvalResult& r, const std::string& png_path);
+// Throws the same clear error up front (before a long run) when gnuplot is missing.
+void check_plotter();
 
 // Binds WindowLogits to the reference runner: one LlamaSession per window and format, codecs from make_codec()
 // (calib may be null for formats that need none).

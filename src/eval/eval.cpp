@@ -246,10 +246,14 @@ std::string eval_to_table(const EvalResult& r) {
   return out;
 }
 
+void check_plotter() {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0)
+    fail("plot: gnuplot is not installed (Debian: apt-get install gnuplot-nox); cannot write the --plot PNG");
+}
+
 void plot_eval(const EvalResult& r, const std::string& png_path) {
   KVPACK_CHECK(!r.texts.empty(), "plot: no results");
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0)
-    fail("plot: gnuplot is not installed (Debian: apt-get install gnuplot-nox); cannot write {}", png_path);
+  check_plotter();
   const TextReport& t = r.texts.back();
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / fmt::format("kvpack-plot-{}", ::getpid());
