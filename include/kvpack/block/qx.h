@@ -1,0 +1,150 @@
+// kvpack's calibrated formats q4 / q3.5 / q3: one block core, parameterised by head_dim D and the code budget.
+//
+// Per (layer, kv head, K|V) the calibration file provides a static affine transform and a bit allocation:
+//   y = F (x - mu)                      F: D x D (a whitened KLT followed by a Hadamard inside each equal-bit group)
+//   channel c of y gets b_c bits, equal for the 8 channels of a group (b in 0..8, sum over groups = code bytes)
+// and per token the encoder picks one scale byte e (tau = 2^((e-128)/16), see common.h) from the RMS of y
+// weighted by calibrated per-channel weights. Each channel is a mid-rise uniform quantizer with calibrated step s_c:
+//   k_c = clamp(floor(y_c / tau / s_c + 2^(b-1)), 0, 2^b - 1),   y^_c = (k_c - (2^b - 1)/2) * s_c * tau
+//   x^ = mu + G y^                      G = F^-1 (D x D)
+// Keys: q . x^ = q . mu + tau * ((G^T q) * s) . (k - o): G, s and the offsets fold into the query once per step,
+// q . mu is a per-query constant (it matters only because sink tokens are stored exactly), tau multiplies the score.
+// Values: sum_t p_t x^_t = mu * sum p_t + G (s * sum_t (p_t tau_t) (k_t - o)): tau multiplies the probability,
+// G and s apply once to the output. So the inner loop only turns small integers into fp16/bf16.
+//
+// Block layout (kCodeBytes + 1 bytes = bits * D / 8, codes and metadata separable):
+//   bytes [0, kCodeBytes)   codes, group after group; group g (channels 8g..8g+7, b_g bits) fills exactly b_g bytes
+//                           starting at sum_{h<g} b_h: channel 8g+i is bits [b_g*i, b_g*i + b_g) of that
+//                           little-endian b_g-byte integer (0-bit groups take no bytes and decode to 0)
+//   byte  kCodeBytes        the scale byte e
+#pragma once
+#include "kvpack/block/common.h"
+
+namespace kvpack::block {
+
+// One (layer, kv head, K|V)'s calibrated parameters; all arrays live in the calibration (host) or were copied to the
+// device by the caller. D = head_dim.
+struct QParams {
+  const float* mean;          // [D] mu
+  const float* fwd;           // [D, D] row-major F: y_r = sum_c F[r][c] (x_c - mu_c)
+  const float* inv;           // [D, D] row-major G = F^-1: x^_r = mu_r + sum_c G[r][c] y^_c
+  const float* step;          // [D] s_c (transformed domain, at tau = 1); unused for 0-bit channels
+  const float* inv_step;      // [D] 1 / s_c (0 for 0-bit channels)
+  const float* rms_weight;    // [D] w_c >= 0: the scale byte encodes r = sqrt(sum_c w_c y_c^2)
+  const uint8_t* group_bits;  // [D/8] bits per group of 8 channels
+};
+
+// Bits of format (x2 so 3.5 is an integer) -> code bytes for head_dim D: bits*D/8 minus the scale byte.
+constexpr int q_code_bytes(int bits_x2, int head_dim) { return bits_x2 * head_dim / 16 - 1; }
+
+template <int D, int BitsX2>
+struct QBlock {
+  static_assert(D == 64 || D == 128, "head_dim must be 64 or 128");
+  static constexpr int kGroups = D / 8;
+  static constexpr int kCodeBytes = q_code_bytes(BitsX2, D);
+  static constexpr int kMetaBytes = 1;
+  static constexpr int kBytes = kCodeBytes + kMetaBytes;
+  static_assert(kBytes * 16 == BitsX2 * D, "block must cost exactly the format's bits per element");
+
+  // Transformed coefficients y = F (sanitize(x) - mu).
+  static KVPACK_HD void transform(const QParams& p, const float* x, float* y) {
+    float t[D];
+    for (int c = 0; c < D; ++c) t[c] = sanitize(x[c]) - p.mean[c];
+    for (int r = 0; r < D; ++r) {
+      const float* f = p.fwd + r * D;
+      float acc = 0.0f;
+      for (int c = 0; c < D; ++c) acc = fmaf(f[c], t[c], acc);
+      y[r] = acc;
+    }
+  }
+
+  static KVPACK_HD uint8_t scale_byte_of(const QParams& p, const float* y) {
+    float acc = 0.0f;
+    for (int c = 0; c < D; ++c) {
+      float wy = p.rms_weight[c] * y[c];
+      acc = fmaf(wy, y[c], acc);
+    }
+    return encode_scale_byte(sqrtf(acc));
+  }
+
+  // Quantise already-transformed coefficients with a given scale byte (also used by calibration to fit steps).
+  static KVPACK_HD void quantize(const QParams& p, const float* y, uint8_t e, uint8_t* codes) {
+    const float inv_tau = decode_scale_byte_inv(e);
+    int off = 0;
+    for (int g = 0; g < kGroups; ++g) {
+      const int b = p.group_bits[g];
+      // Params are validated on load; the guard only keeps a bad table from writing past the block.
+      if (b == 0 || b > 8 || off + b > kCodeBytes) continue;
+      const int top = (1 << b) - 1;
+      const float half = static_cast<float>(1 << (b - 1));
+      uint64_t acc = 0;
+      for (int i = 0; i < 8; ++i) {
+        const int c = 8 * g + i;
+        const float t = y[c] * inv_tau;
+        int k = static_cast<int>(floorf(fmaf(t, p.inv_step[c], half)));
+        k = k < 0 ? 0 : (k > top ? top : k);
+        acc |= static_cast<uint64_t>(k) << (b * i);
+      }
+      for (int j = 0; j < b; ++j) codes[off + j] = static_cast<uint8_t>(acc >> (8 * j));
+      off += b;
+    }
+  }
+
+  // codes: kCodeBytes, meta: 1 byte (may be codes + kCodeBytes).
+  static KVPACK_HD void encode(const QParams& p, const float* x, uint8_t* codes, uint8_t* meta) {
+    float y[D];
+    transform(p, x, y);
+    const uint8_t e = scale_byte_of(p, y);
+    quantize(p, y, e, codes);
+    meta[0] = e;
+  }
+
+  // Integer code of channel c (0 for 0-bit channels); what the kernel turns into fp16.
+  static KVPACK_HD void unpack(const QParams& p, const uint8_t* codes, int* k) {
+    int off = 0;
+    for (int c = 0; c < D; ++c) k[c] = 0;
+    for (int g = 0; g < kGroups; ++g) {
+      const int b = p.group_bits[g];
+      if (b == 0 || b > 8 || off + b > kCodeBytes) continue;
+      uint64_t acc = 0;
+      for (int j = 0; j < b; ++j) acc |= static_cast<uint64_t>(codes[off + j]) << (8 * j);
+      for (int i = 0; i < 8; ++i) k[8 * g + i] = static_cast<int>((acc >> (b * i)) & ((1u << b) - 1));
+      off += b;
+    }
+  }
+
+  // y^ (transformed domain, tau applied): y^_c = ((k_c - o_b) * s_c) * tau; 0 for 0-bit channels.
+  static KVPACK_HD void decode_transformed(const QParams& p, const uint8_t* codes, const uint8_t* meta, float* y) {
+    int k[D];
+    unpack(p, codes, k);
+    const float tau = decode_scale_byte(meta[0]);
+    for (int g = 0; g < kGroups; ++g) {
+      const int b = p.group_bits[g] <= 8 ? p.group_bits[g] : 0;
+      const float o = b == 0 ? 0.0f : 0.5f * static_cast<float>((1 << b) - 1);
+      for (int i = 0; i < 8; ++i) {
+        const int c = 8 * g + i;
+        y[c] = b == 0 ? 0.0f : (static_cast<float>(k[c]) - o) * p.step[c] * tau;
+      }
+    }
+  }
+
+  // x^ = mu + G y^ in the model's basis.
+  static KVPACK_HD void decode(const QParams& p, const uint8_t* codes, const uint8_t* meta, float* out) {
+    float y[D];
+    decode_transformed(p, codes, meta, y);
+    for (int r = 0; r < D; ++r) {
+      const float* g = p.inv + r * D;
+      float acc = p.mean[r];
+      for (int c = 0; c < D; ++c) acc = fmaf(g[c], y[c], acc);
+      out[r] = acc;
+    }
+  }
+};
+
+template <int D> using Q4Block = QBlock<D, 8>;
+template <int D> using Q35Block = QBlock<D, 7>;
+template <int D> using Q3Block = QBlock<D, 6>;
+static_assert(Q4Block<64>::kBytes == 32 && Q35Block<64>::kBytes == 28 && Q3Block<64>::kBytes == 24);
+static_assert(Q4Block<128>::kBytes == 64 && Q35Block<128>::kBytes == 56 && Q3Block<128>::kBytes == 48);
+
+}  // namespace kvpack::block
