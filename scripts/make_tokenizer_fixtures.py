@@ -25,6 +25,7 @@ import json
 import os
 import pathlib
 import tempfile
+import unicodedata
 
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -123,6 +124,9 @@ def texts(root):
         "llama3_special": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
         "long_word": "a" * 300 + " " + "ab" * 200 + " " + " " * 100 + "z",
         "casefold": "'ſ 'K 'ß 'İ DON'T",
+        # bytes 0x04 0x13 0x1d and the lead byte 0xF1 (U+40000..U+7FFFF) are not in SmolLM2's vocabulary; with no
+        # unk token HF drops them, and so must we
+        "missing_bytes": "a\u0004b\u0013c\U00050000d\u001de \U00040001",
     }
     for name in ("eval-a", "eval-b"):
         raw = (root / "data" / f"{name}.txt").read_text(encoding="utf-8")
@@ -182,8 +186,9 @@ def main():
             tok.encode_special_tokens = True
             exp["nospecial"][name] = tok.encode(s, add_special_tokens=False).ids
             tok.encode_special_tokens = False
-            assert tok.decode(exp["special"][name], skip_special_tokens=False) == \
-                (s if flav != "qwen2" else __import__("unicodedata").normalize("NFC", s)), (flav, name)
+            if name != "missing_bytes":
+                assert tok.decode(exp["special"][name], skip_special_tokens=False) == \
+                    (s if flav != "qwen2" else unicodedata.normalize("NFC", s)), (flav, name)
         (out / f"expected_{flav}.json").write_text(json.dumps(exp, separators=(",", ":")), encoding="utf-8")
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=cfg["bos_token"], eos_token=cfg["eos_token"])
         fast.chat_template = cfg["chat_template"]

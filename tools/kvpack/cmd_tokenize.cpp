@@ -1,0 +1,78 @@
+// `kvpack tokenize`: tokenize a text (or a one-message chat prompt) with a model's tokenizer and print the ids,
+// and each token's piece.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "command.h"
+#include "kvpack/error.h"
+#include "kvpack/gguf.h"
+#include "kvpack/tokenizer.h"
+
+namespace {
+
+struct Opts {
+  std::string model, text, file, tokenizer_json;
+  bool chat = false, json = false, bos = false, no_special = false, ids_only = false;
+};
+
+kvpack::cli::Runner setup(CLI::App* app) {
+  auto o = std::make_shared<Opts>();
+  auto* src = app->add_option_group("source", "Where the tokenizer comes from");
+  src->add_option("--model", o->model, "GGUF model file (its tokenizer.ggml.* metadata)");
+  src->add_option("--tokenizer-json", o->tokenizer_json, "HF tokenizer.json (tokenizer_config.json beside it)");
+  src->require_option(1);
+  auto* in = app->add_option_group("input", "What to tokenize");
+  in->add_option("--text", o->text, "Text to tokenize");
+  in->add_option("--file", o->file, "File whose bytes are tokenized");
+  in->require_option(1);
+  app->add_flag("--chat", o->chat, "Wrap the text as one user message in the model's chat template "
+                                   "(with the assistant generation prompt)");
+  app->add_flag("--bos", o->bos, "Prepend the BOS token (when the model has one)");
+  app->add_flag("--no-special", o->no_special, "Tokenize special-token text such as <|im_end|> as plain text");
+  app->add_flag("--ids-only", o->ids_only, "Print only the ids, space-separated");
+  app->add_flag("--json", o->json, "Print JSON: {n_tokens, ids, pieces, text}");
+  return [o] {
+    kvpack::Tokenizer tok = [&] {
+      if (!o->model.empty()) return kvpack::Tokenizer::from_gguf(kvpack::GgufFile::open(o->model));
+      return kvpack::Tokenizer::from_tokenizer_json(o->tokenizer_json);
+    }();
+    std::string text = o->text;
+    if (!o->file.empty()) {
+      std::ifstream f(o->file, std::ios::binary);
+      KVPACK_CHECK(f.good(), "{}: cannot open file", o->file);
+      std::ostringstream ss;
+      ss << f.rdbuf();
+      text = ss.str();
+    }
+    if (o->chat) text = tok.apply_chat_template({{"user", text}}, /*add_generation_prompt=*/true);
+    const auto ids = tok.encode(text, o->bos, !o->no_special);
+
+    if (o->json) {
+      // Pieces are bytes and may split a UTF-8 character; the dump replaces invalid bytes with U+FFFD.
+      nlohmann::json pieces = nlohmann::json::array();
+      for (int32_t id : ids) pieces.push_back(tok.token_bytes(id));
+      const nlohmann::json out = {{"n_tokens", ids.size()}, {"ids", ids}, {"pieces", pieces}, {"text", text}};
+      fmt::print("{}\n", out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace));
+      return 0;
+    }
+    if (o->ids_only) {
+      fmt::print("{}\n", fmt::join(ids, " "));
+      return 0;
+    }
+    fmt::print("{} tokens\n", ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string piece =
+          nlohmann::json(tok.token_bytes(ids[i])).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      fmt::print("{:>6} {:>7}  {}{}\n", i, ids[i], piece, tok.is_special(ids[i]) ? "  (special)" : "");
+    }
+    return 0;
+  };
+}
+
+const bool registered =
+    kvpack::cli::register_command("tokenize", "Tokenize a text with a model's tokenizer (ids and pieces)", setup);
+
+}  // namespace
