@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (t.n_bytes != static_cast<size_t>(t.numel()) * kvpack::st_dtype_size(t.dtype)) std::abort();
       covered += t.n_bytes;
       volatile uint8_t sink = 0;
-      for (size_t i = 0; i < t.n_bytes; ++i) sink ^= t.data[i];  // ASan flags any byte outside the input
+      for (size_t i = 0; i < t.n_bytes; ++i) sink = sink ^ t.data[i];  // ASan flags any byte outside the input
       if (kvpack::st_dtype_is_float(t.dtype)) {
         std::vector<float> out = kvpack::to_float(t);
         if (out.size() != static_cast<size_t>(t.numel())) std::abort();
