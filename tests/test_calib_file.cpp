@@ -1,0 +1,350 @@
+// Calibration: fitting on synthetic statistics (q-formats beat int4 where the theory says they must), the q block
+// core's bytes, and the calibration file (round trip, corrupt / truncated / wrong-model / wrong-version files).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "calib/fit.h"
+#include "kvpack/block/layout.h"
+#include "kvpack/calibration.h"
+#include "kvpack/codec.h"
+#include "kvpack/error.h"
+#include "kvpack/safetensors.h"
+
+using namespace kvpack;
+
+namespace {
+
+ModelConfig tiny_config(int head_dim = 64) {
+  ModelConfig c;
+  c.name = "tiny";
+  c.n_layers = 2;
+  c.n_kv_heads = 2;
+  c.n_heads = 4;
+  c.head_dim = head_dim;
+  c.d_model = 128;
+  c.d_ff = 256;
+  c.vocab_size = 100;
+  c.max_context = 512;
+  return c;
+}
+
+// Anisotropic correlated Gaussian data with a mean and a few heavy channels, like real keys: x = mu + A z.
+calib::SlotStats synthetic_stats(int d, uint64_t seed, int n = 6000) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<double> nd;
+  std::vector<double> A(static_cast<size_t>(d) * d), mu(d);
+  for (int i = 0; i < d; ++i) {
+    mu[i] = nd(g) * 0.5;
+    const double s = std::exp(-3.0 * i / d) * (i % 7 == 0 ? 6.0 : 1.0);
+    for (int j = 0; j < d; ++j) A[static_cast<size_t>(i) * d + j] = nd(g) * s / std::sqrt(d);
+  }
+  calib::SlotStats s;
+  s.init(d);
+  std::vector<double> z(d);
+  std::vector<float> x(d);
+  for (int t = 0; t < n; ++t) {
+    for (auto& v : z) v = nd(g);
+    for (int i = 0; i < d; ++i) {
+      double a = mu[i];
+      for (int j = 0; j < d; ++j) a += A[static_cast<size_t>(i) * d + j] * z[j];
+      x[i] = static_cast<float>(a);
+      s.sum[i] += a;
+    }
+    for (int i = 0; i < d; ++i)
+      for (int j = 0; j < d; ++j) s.outer[static_cast<size_t>(i) * d + j] += double(x[i]) * x[j];
+    s.n++;
+    if (t % 3 == 0 && s.n_samples() < 2048) s.samples.insert(s.samples.end(), x.begin(), x.end());
+  }
+  for (int i = 0; i < d; ++i) s.metric[static_cast<size_t>(i) * d + i] = 1.0;  // plain MSE
+  return s;
+}
+
+Calibration fitted_calibration(const ModelConfig& c, uint64_t seed) {
+  Calibration cal(c, calibration_model_id(c));
+  for (size_t i = 0; i < cal.fp8_scales().size(); ++i) cal.fp8_scales()[i] = 0.01f * (i + 1);
+  for (Format f : {Format::q4, Format::q3_5, Format::q3}) {
+    QFormatTables& t = cal.q_mut(f);
+    for (int s = 0; s < t.n_slots; ++s) calib::fit_q_slot(synthetic_stats(c.head_dim, seed + s, 1500), t, s);
+    t.derive();
+  }
+  return cal;
+}
+
+std::string tmp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("kvpack_test_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(CalibFit, TransformInverseAllocationAndDeterminism) {
+  for (int d : {64, 128}) {
+    auto s = synthetic_stats(d, 11);
+    QFormatTables t, t2;
+    t.bits_x2 = t2.bits_x2 = 8;
+    t.resize(1, d);
+    t2.resize(1, d);
+    calib::fit_q_slot(s, t, 0);
+    calib::fit_q_slot(s, t2, 0);
+    EXPECT_EQ(t.fwd, t2.fwd);
+    EXPECT_EQ(t.step, t2.step);
+    EXPECT_EQ(t.group_bits, t2.group_bits);
+    int sum = 0;
+    for (int g = 0; g < d / 8; ++g) {
+      sum += t.group_bits[g];
+      if (g) EXPECT_LE(t.group_bits[g], t.group_bits[g - 1]);  // energy-sorted groups get non-increasing bits
+    }
+    EXPECT_EQ(sum, block::q_code_bytes(8, d));
+    // G F = I
+    double maxerr = 0;
+    for (int i = 0; i < d; ++i)
+      for (int j = 0; j < d; ++j) {
+        double a = 0;
+        for (int k = 0; k < d; ++k) a += double(t.inv[i * d + k]) * t.fwd[k * d + j];
+        maxerr = std::max(maxerr, std::abs(a - (i == j)));
+      }
+    EXPECT_LT(maxerr, 1e-3) << d;
+  }
+}
+
+TEST(CalibFit, QFormatsBeatInt4OnCorrelatedData) {
+  // On a correlated anisotropic source, 4.0 bits with a fitted transform must beat int4's 4.5 bits, and 3.5 bits
+  // must still be close (relative MSE, same samples).
+  const int d = 64;
+  auto s = synthetic_stats(d, 21);
+  double err[3];
+  int i = 0;
+  for (int bx2 : {8, 7, 6}) {
+    QFormatTables t;
+    t.bits_x2 = bx2;
+    t.resize(1, d);
+    calib::fit_q_slot(s, t, 0);
+    t.derive();
+    err[i++] = calib::q_slot_relative_error(s, t, 0);
+  }
+  double num = 0, den = 0;
+  for (int64_t k = 0; k < s.n_samples(); ++k) {
+    const float* x = s.samples.data() + k * d;
+    uint8_t b[36];
+    float y[64];
+    block::Int4Block<64, true>::encode(x, b, b + 32);
+    block::Int4Block<64, true>::decode(b, b + 32, y);
+    for (int c = 0; c < d; ++c) {
+      num += (y[c] - x[c]) * double(y[c] - x[c]);
+      const double m = x[c] - s.sum[c] / s.n;
+      den += m * m;
+    }
+  }
+  const double int4h = num / den;
+  EXPECT_LT(err[0], int4h * 0.5) << "q4 " << err[0] << " int4h " << int4h;
+  EXPECT_LT(err[1], int4h) << "q3.5 " << err[1];
+  EXPECT_LT(err[0], err[1]);
+  EXPECT_LT(err[1], err[2]);
+  // Roughly 6 dB per bit: half a bit apart is a factor of ~2 in MSE.
+  EXPECT_GT(err[1] / err[0], 1.4);
+}
+
+TEST(QBlock, HandBuiltParamsGiveExactBytes) {
+  // Identity transform, zero mean: y = x. Groups: 8,8,4,4,3,2,2,0 bits = 31 code bytes (q4, D=64).
+  const int D = 64;
+  std::vector<float> mean(D, 0.0f), eye(D * D, 0.0f), step(D), inv_step(D), w(D, 0.0f);
+  for (int i = 0; i < D; ++i) eye[i * D + i] = 1.0f;
+  const uint8_t bits[8] = {8, 8, 4, 4, 3, 2, 2, 0};
+  for (int c = 0; c < D; ++c) {
+    step[c] = bits[c / 8] ? 0.25f : 0.0f;
+    inv_step[c] = bits[c / 8] ? 4.0f : 0.0f;
+    w[c] = c < 56 ? 1.0f / 56 : 0.0f;
+  }
+  block::QParams p{mean.data(), eye.data(), eye.data(), step.data(), inv_step.data(), w.data(), bits};
+  float x[D];
+  for (int c = 0; c < D; ++c) x[c] = 0.125f * static_cast<float>((c * 37) % 17 - 8);  // in [-1, 1], rms ~0.6
+  uint8_t blk[32];
+  block::Q4Block<D>::encode(p, x, blk, blk + 31);
+  // Scale byte: nearest 2^(k/16) to rms over the 56 coded channels.
+  double ss = 0;
+  for (int c = 0; c < 56; ++c) ss += double(x[c]) * x[c];
+  const double r = std::sqrt(ss / 56);
+  const int e = static_cast<int>(std::lround(16 * std::log2(r))) + 128;
+  ASSERT_EQ(blk[31], e);
+  const double tau = std::exp2((e - 128) / 16.0);
+  // Reference packing, written independently of the core: codes per channel, then little-endian bit fields.
+  std::vector<uint8_t> ref;
+  for (int g = 0; g < 8; ++g) {
+    const int b = bits[g];
+    if (!b) continue;
+    uint64_t acc = 0;
+    for (int i = 0; i < 8; ++i) {
+      const double v = x[8 * g + i] / tau / 0.25 + (1 << (b - 1));
+      const int k = std::clamp(static_cast<int>(std::floor(v)), 0, (1 << b) - 1);
+      acc |= uint64_t(k) << (b * i);
+    }
+    for (int j = 0; j < b; ++j) ref.push_back(static_cast<uint8_t>(acc >> (8 * j)));
+  }
+  ASSERT_EQ(ref.size(), 31u);
+  EXPECT_EQ(std::memcmp(ref.data(), blk, 31), 0);
+  // Decoding: (k - (2^b-1)/2) * step * tau for coded channels, exactly 0 (the mean) for the 0-bit group.
+  float y[D];
+  block::Q4Block<D>::decode(p, blk, blk + 31, y);
+  int k[D];
+  block::Q4Block<D>::unpack(p, blk, k);
+  for (int c = 0; c < D; ++c) {
+    const int b = bits[c / 8];
+    if (!b) {
+      EXPECT_EQ(y[c], 0.0f);
+      continue;
+    }
+    EXPECT_FLOAT_EQ(y[c], static_cast<float>((k[c] - ((1 << b) - 1) / 2.0) * 0.25 * tau));
+    if (std::abs(x[c]) <= (1 << (b - 1)) * 0.25 * tau)  // inside the grid: at most half a step off
+      EXPECT_LE(std::abs(y[c] - x[c]), 0.125 * tau * 1.0001) << c;
+  }
+}
+
+TEST(QBlock, NonFiniteInputsGiveFiniteOutput) {
+  const ModelConfig c = tiny_config();
+  const Calibration cal = fitted_calibration(c, 300);
+  BlockCodec bc(Format::q3_5, 64, &cal);
+  std::vector<float> x(64, 0.5f);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  x[9] = std::numeric_limits<float>::infinity();
+  x[10] = -3e38f;
+  std::vector<uint8_t> blk(bc.bytes());
+  std::vector<float> y(64);
+  bc.encode(1, 1, KvKind::V, x.data(), blk.data());
+  bc.decode(1, 1, KvKind::V, blk.data(), y.data());
+  for (float v : y) EXPECT_TRUE(std::isfinite(v));
+  // All-zero input is fine too (scale byte 0).
+  std::fill(x.begin(), x.end(), 0.0f);
+  bc.encode(0, 0, KvKind::K, x.data(), blk.data());
+  bc.decode(0, 0, KvKind::K, blk.data(), y.data());
+  for (float v : y) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(QCodec, SinksStayBf16AndOthersRoundTrip) {
+  const ModelConfig c = tiny_config();
+  const Calibration cal = fitted_calibration(c, 100);
+  auto codec = make_codec(Format::q4, c, &cal);
+  const int n = 8, H = 2, D = 64;
+  auto s = synthetic_stats(D, 103, 40);  // the distribution slot 3 was fitted on
+  std::vector<float> x(static_cast<size_t>(n) * H * D);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = s.samples[i % s.samples.size()];
+  auto y = x;
+  std::vector<int> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = i;
+  codec->store(1, KvKind::V, n, pos.data(), H, D, y.data());
+  const int sinks = format_info(Format::q4).sink_tokens;
+  BlockCodec bc(Format::q4, D, &cal);
+  std::vector<uint8_t> blk(bc.bytes());
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < H; ++h) {
+      const float* in = x.data() + (t * H + h) * D;
+      const float* out = y.data() + (t * H + h) * D;
+      float r[64], ref[64];
+      for (int i = 0; i < D; ++i) r[i] = round_bf16(in[i]);
+      if (t < sinks) {
+        for (int i = 0; i < D; ++i) EXPECT_EQ(out[i], r[i]);
+        continue;
+      }
+      bc.encode(1, h, KvKind::V, r, blk.data());
+      bc.decode(1, h, KvKind::V, blk.data(), ref);
+      for (int i = 0; i < D; ++i) EXPECT_EQ(out[i], ref[i]);
+    }
+}
+
+TEST(CalibFile, SaveLoadRoundTripIsExact) {
+  const ModelConfig c = tiny_config();
+  Calibration cal = fitted_calibration(c, 7);
+  cal.info()["texts"] = "synthetic";
+  const std::string p = tmp_path("rt.kvcal");
+  cal.save(p);
+  Calibration back = Calibration::load(p, c);
+  EXPECT_EQ(back.fp8_scales(), cal.fp8_scales());
+  for (Format f : {Format::q4, Format::q3_5, Format::q3}) {
+    EXPECT_EQ(back.q(f).fwd, cal.q(f).fwd);
+    EXPECT_EQ(back.q(f).inv, cal.q(f).inv);
+    EXPECT_EQ(back.q(f).step, cal.q(f).step);
+    EXPECT_EQ(back.q(f).inv_step, cal.q(f).inv_step);
+    EXPECT_EQ(back.q(f).group_bits, cal.q(f).group_bits);
+    EXPECT_EQ(back.q(f).rms_weight, cal.q(f).rms_weight);
+    EXPECT_EQ(back.q(f).mean, cal.q(f).mean);
+  }
+  EXPECT_EQ(back.info().at("texts"), "synthetic");
+  // Saving again gives identical bytes (deterministic writer).
+  const std::string p2 = tmp_path("rt2.kvcal");
+  back.save(p2);
+  std::ifstream a(p, std::ios::binary), b(p2, std::ios::binary);
+  std::string sa{std::istreambuf_iterator<char>(a), {}}, sb{std::istreambuf_iterator<char>(b), {}};
+  EXPECT_EQ(sa, sb);
+  std::filesystem::remove(p);
+  std::filesystem::remove(p2);
+}
+
+TEST(CalibFile, BadFilesGiveClearErrors) {
+  const ModelConfig c = tiny_config();
+  Calibration cal = fitted_calibration(c, 8);
+  const std::string p = tmp_path("bad.kvcal");
+  cal.save(p);
+  std::ifstream in(p, std::ios::binary);
+  const std::string good{std::istreambuf_iterator<char>(in), {}};
+  auto write = [&](const std::string& bytes) {
+    std::ofstream o(p, std::ios::binary | std::ios::trunc);
+    o.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  // A flipped byte in the data section: checksum.
+  std::string bad = good;
+  bad[bad.size() - 100] ^= 0x5a;
+  write(bad);
+  EXPECT_NE(error_of([&] { Calibration::load(p, c); }).find("checksum mismatch"), std::string::npos);
+  // Truncated at several places: a clear error naming the file, never a crash.
+  for (size_t cut : {size_t{0}, size_t{5}, size_t{100}, good.size() / 2, good.size() - 1}) {
+    write(good.substr(0, cut));
+    const std::string e = error_of([&] { Calibration::load(p, c); });
+    EXPECT_NE(e.find(p), std::string::npos) << "cut " << cut << ": " << e;
+  }
+  write(good);
+  // Wrong model.
+  ModelConfig other = c;
+  other.n_layers = 3;
+  EXPECT_NE(error_of([&] { Calibration::load(p, other); }).find("made for model"), std::string::npos);
+  // Missing file.
+  EXPECT_NE(error_of([&] { Calibration::load(p + ".missing", c); }).find(".missing"), std::string::npos);
+  // Wrong version / not a calibration file: rewrite the container with edited metadata.
+  auto f = SafetensorsFile::open(p);
+  std::vector<StWriteTensor> ts;
+  for (const auto& t : f.tensors())
+    ts.push_back({t.name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.n_bytes)});
+  auto meta = f.metadata();
+  meta["version"] = "999";
+  const std::string p3 = tmp_path("v999.kvcal");
+  write_safetensors(p3, ts, meta);
+  EXPECT_NE(error_of([&] { Calibration::load(p3, c); }).find("version 999"), std::string::npos);
+  meta = f.metadata();
+  meta.erase("format");
+  write_safetensors(p3, ts, meta);
+  EXPECT_NE(error_of([&] { Calibration::load(p3, c); }).find("format"), std::string::npos);
+  // Inconsistent parameters with a valid checksum: a bit allocation that does not fill the block.
+  {
+    Calibration tmp = Calibration::load(p, c);
+    tmp.q_mut(Format::q4).group_bits[0] -= 1;
+    tmp.save(p3);
+  }
+  EXPECT_NE(error_of([&] { Calibration::load(p3, c); }).find("group_bits"), std::string::npos);
+  std::filesystem::remove(p);
+  std::filesystem::remove(p3);
+}
