@@ -1,6 +1,8 @@
 // `kvpack tokenize`: tokenize a text (or a one-message chat prompt) with a model's tokenizer and print the ids,
 // and each token's piece.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unicode/utf8.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +14,27 @@
 #include "kvpack/tokenizer.h"
 
 namespace {
+
+// Quoted piece for the table: whole UTF-8 characters as they are, control and stray bytes (a token may hold part
+// of a character) as escapes.
+std::string escape_piece(const std::string& b) {
+  std::string out = "\"";
+  const auto* p = reinterpret_cast<const uint8_t*>(b.data());
+  const int32_t n = static_cast<int32_t>(b.size());
+  for (int32_t i = 0; i < n;) {
+    const int32_t start = i;
+    UChar32 c;
+    U8_NEXT(p, i, n, c);
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c == '"' || c == '\\') out += "\\" + std::string(1, static_cast<char>(c));
+    else if (c < 0 || c < 0x20 || c == 0x7f)
+      for (int32_t k = start; k < i; ++k) out += fmt::format("\\x{:02x}", p[k]);
+    else out.append(b, start, i - start);
+  }
+  return out + "\"";
+}
 
 struct Opts {
   std::string model, text, file, tokenizer_json;
@@ -55,7 +78,7 @@ kvpack::cli::Runner setup(CLI::App* app) {
       nlohmann::json pieces = nlohmann::json::array();
       for (int32_t id : ids) pieces.push_back(tok.token_bytes(id));
       const nlohmann::json out = {{"n_tokens", ids.size()}, {"ids", ids}, {"pieces", pieces}, {"text", text}};
-      fmt::print("{}\n", out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace));
+      fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       return 0;
     }
     if (o->ids_only) {
@@ -63,11 +86,9 @@ kvpack::cli::Runner setup(CLI::App* app) {
       return 0;
     }
     fmt::print("{} tokens\n", ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const std::string piece =
-          nlohmann::json(tok.token_bytes(ids[i])).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-      fmt::print("{:>6} {:>7}  {}{}\n", i, ids[i], piece, tok.is_special(ids[i]) ? "  (special)" : "");
-    }
+    for (size_t i = 0; i < ids.size(); ++i)
+      fmt::print("{:>6} {:>7}  {}{}\n", i, ids[i], escape_piece(tok.token_bytes(ids[i])),
+                 tok.is_special(ids[i]) ? "  (special)" : "");
     return 0;
   };
 }
