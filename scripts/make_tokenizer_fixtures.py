@@ -13,7 +13,8 @@
                                  downloaded here; their pre-tokenization and settings are what these flavours test.
   texts.json                     the test texts (exact strings, including the first ~20 KB of data/eval-{a,b}.txt).
   expected_<flavour>.json        reference ids from the `tokenizers` library: {"special": {name: ids},
-                                 "nospecial": {name: ids}} (parse_special true / false).
+                                 "nospecial": {name: ids}} (parse_special true / false), and "pieces": {name:
+                                 pre-tokenizer pieces of the first 4000 characters, in the byte-level alphabet}.
   chat.json                      transformers' apply_chat_template output (text and ids) per flavour.
 
 Run from the repository root: python3 scripts/make_tokenizer_fixtures.py [--model models/smollm2-135m-instruct.gguf]
@@ -179,13 +180,17 @@ def main():
     for flav, patch in FLAVOURS.items():
         j, cfg = apply_flavour(base, base_cfg, patch)
         tok = Tokenizer.from_str(json.dumps(j))
-        exp = {"special": {}, "nospecial": {}}
+        exp = {"special": {}, "nospecial": {}, "pieces": {}}
         for name, s in txt.items():
             tok.encode_special_tokens = False
             exp["special"][name] = tok.encode(s, add_special_tokens=False).ids
             tok.encode_special_tokens = True
             exp["nospecial"][name] = tok.encode(s, add_special_tokens=False).ids
             tok.encode_special_tokens = False
+            # Pre-tokenizer pieces (byte-level alphabet) of the normalized text, first 4000 characters: checks the
+            # regex splitting itself, independent of what the vocabulary can merge.
+            norm = tok.normalizer.normalize_str(s[:4000]) if tok.normalizer else s[:4000]
+            exp["pieces"][name] = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(norm)]
             if name != "missing_bytes":
                 assert tok.decode(exp["special"][name], skip_special_tokens=False) == \
                     (s if flav != "qwen2" else unicodedata.normalize("NFC", s)), (flav, name)

@@ -143,6 +143,42 @@ TEST_P(TokenizerFlavour, MatchesReferenceIds) {
   EXPECT_GT(n_ids, 10000u);
 }
 
+// GPT-2's byte -> code point alphabet, written out independently of the library as the test's oracle.
+std::string to_byte_alphabet(const std::string& bytes) {
+  std::string out;
+  for (unsigned char b : bytes) {
+    int cp = b;
+    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174))) {
+      int n = 0;
+      for (int x = 0; x < b; ++x)
+        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174))) ++n;
+      cp = 256 + n;
+    }
+    char buf[4];
+    int32_t len = 0;
+    U8_APPEND_UNSAFE(buf, len, cp);
+    out.append(buf, len);
+  }
+  return out;
+}
+
+// The pre-tokenizer pieces themselves (ICU regexes vs HF's Oniguruma ones), independent of what BPE can merge:
+// e.g. Llama-3's \p{N}{1,3} vs Qwen2's \p{N} give the same ids with SmolLM2's single-digit vocabulary.
+TEST_P(TokenizerFlavour, PreTokenizerPiecesMatchReference) {
+  const Tokenizer& tok = flavour(GetParam());
+  const json& exp = load_json("expected_" + GetParam() + ".json");
+  for (const auto& [name, text] : texts().items()) {
+    // The reference cut the text at 4000 code points.
+    const std::string full = text.get<std::string>();
+    icu::UnicodeString u = icu::UnicodeString::fromUTF8(full);
+    std::string cut;
+    u.tempSubString(0, u.moveIndex32(0, std::min<int32_t>(4000, u.countChar32()))).toUTF8String(cut);
+    std::vector<std::string> got;
+    for (const auto& p : tok.pre_tokenize(cut)) got.push_back(to_byte_alphabet(p));
+    EXPECT_EQ(got, exp["pieces"][name].get<std::vector<std::string>>()) << GetParam() << " text '" << name << "'";
+  }
+}
+
 TEST_P(TokenizerFlavour, DecodeInvertsEncode) {
   const Tokenizer& tok = flavour(GetParam());
   for (const auto& [name, text] : texts().items()) {

@@ -50,6 +50,8 @@ class Tokenizer {
   // parse_special: control/special added tokens written in the text become their ids; when false they are
   // tokenized as plain text (user-defined, non-special added tokens are always matched, as in HF and llama.cpp).
   std::vector<int32_t> encode(std::string_view text, bool add_bos = false, bool parse_special = true) const;
+  // Steps 2-3 only (no added-token matching, no BPE): the normalized text's pieces, as bytes. For tests/tools.
+  std::vector<std::string> pre_tokenize(std::string_view text) const;
   // Bytes of the ids concatenated; may end in (or hold) a partial UTF-8 sequence. Use DecodeStream for streaming.
   std::string decode(std::span<const int32_t> ids) const;
   // Token text as stored in the vocabulary (byte-level form, e.g. "Ġthe"; added tokens as written).

@@ -235,6 +235,8 @@ struct Tokenizer::Impl {
   // ---- encoding
   std::vector<int32_t> bpe(std::string_view piece) const;
   void encode_segment(std::string_view seg, std::vector<int32_t>& out) const;
+  // Normalizes seg (into storage when it changes) and splits it; returns byte spans of the normalized text.
+  std::vector<std::pair<int64_t, int64_t>> split(std::string_view& seg, std::string& storage) const;
 };
 
 namespace {
@@ -299,10 +301,7 @@ std::vector<int32_t> Tokenizer::Impl::bpe(std::string_view piece) const {
   return out;
 }
 
-void Tokenizer::Impl::encode_segment(std::string_view seg_in, std::vector<int32_t>& out) const {
-  if (seg_in.empty()) return;
-  std::string normalized;
-  std::string_view seg = seg_in;
+std::vector<std::pair<int64_t, int64_t>> Tokenizer::Impl::split(std::string_view& seg, std::string& normalized) const {
   if (nfc) {
     UErrorCode st = U_ZERO_ERROR;
     const icu::Normalizer2* n2 = icu::Normalizer2::getNFCInstance(st);
@@ -367,7 +366,14 @@ void Tokenizer::Impl::encode_segment(std::string_view seg_in, std::vector<int32_
     }
     pieces.swap(next_pieces);
   }
-  for (auto [b, e] : pieces) {
+  return pieces;
+}
+
+void Tokenizer::Impl::encode_segment(std::string_view seg_in, std::vector<int32_t>& out) const {
+  if (seg_in.empty()) return;
+  std::string storage;
+  std::string_view seg = seg_in;
+  for (auto [b, e] : split(seg, storage)) {
     const auto ids = bpe(seg.substr(b, e - b));
     out.insert(out.end(), ids.begin(), ids.end());
   }
@@ -644,6 +650,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
     seg_start = i;
   }
   im.encode_segment(text.substr(seg_start), out);
+  return out;
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
+  std::vector<std::string> out;
+  if (text.empty()) return out;
+  std::string storage;
+  for (auto [b, e] : impl_->split(text, storage)) out.emplace_back(text.substr(b, e - b));
   return out;
 }
 
