@@ -59,6 +59,10 @@ if has bench; then
 fi
 
 if has sass; then
-  cuobjdump --dump-sass $B/libkvpack_cuda.a 2>/dev/null | grep -cE "HMMA|LDGSTS|LDS.128" > "$OUT/sass_counts.txt" || true
+  # Instruction histogram of the decode kernels: tensor-core (HMMA), async copies, shared loads, FMAs, shuffles.
+  for f in $B/CMakeFiles/kvpack_cuda.dir/src/cuda/decode_*.cu.o; do
+    echo "== $f"; cuobjdump --dump-sass "$f" 2>/dev/null | grep -oE "HMMA[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|LDS(\.[A-Z0-9]+)*|FFMA|SHFL\.[A-Z]+|F2FP[.A-Z0-9]*|HADD2[.A-Z0-9]*" | sort | uniq -c
+  done > "$OUT/sass_counts.txt" 2>&1 || true
+  head -40 "$OUT/sass_counts.txt"
 fi
 stamp "all done"

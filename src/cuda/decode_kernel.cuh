@@ -276,11 +276,26 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
   __syncthreads();  // q_s visible
   // This thread's octet of every query head, for the whole CTA lifetime: no shared-memory traffic for q.
   const int part = tid % Gm::kTPT;
-  float qreg[GMAX][8];
+  [[maybe_unused]] float qreg[P::kMmaK ? 1 : GMAX][8];
+  // Tensor-core scores (kMmaK): A = the raw bf16 query (exact; 16 rows = heads, rows >= 8 zero), its columns
+  // permuted like the format's B fragments (mma_dim_base); the softmax scale multiplies the fp32 score afterwards.
+  [[maybe_unused]] uint32_t qa[P::kMmaK ? D / 16 : 1][2];
+  if constexpr (P::kMmaK) {
+    const int r = lane >> 2, t4 = lane & 3;
+    const uint16_t* qrow = p.q + (int64_t{b} * p.num_qo_heads + h * p.group + (r < p.group ? r : 0)) * D;
 #pragma unroll
-  for (int g = 0; g < GMAX; ++g)
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int base = P::mma_dim_base(ks, t4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) qreg[g][i] = q_s[g * D + part * 8 + i];
+      for (int hh = 0; hh < 2; ++hh)
+        qa[ks][hh] = r < p.group && r < GMAX ? P::pack_q(qrow[base + 2 * hh], qrow[base + 2 * hh + 1]) : 0u;
+    }
+  } else {
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qreg[g][i] = q_s[g * D + part * 8 + i];
+  }
   int slot = 0, pslot = p.stages - 1;
   while (cons.c < n_chunks) {
     if (prod.c < n_chunks) {
@@ -302,31 +317,52 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     const bool last_tile = cons.tile + 1 == ntiles(cons.c);
 
     if (cons.kind == 0) {
-      // Scores: kOct threads per token, one octet each (q in registers); fixed-order shuffle reduction.
-      const int tk = tid / Gm::kTPT;
-#pragma unroll 2
-      for (int pass = 0; pass < kTile / Gm::kTokPerPass; ++pass) {
-        const int tok = pass * Gm::kTokPerPass + tk;
-        const uint8_t* rowp = tile + tok * Gm::kCode;
-        const uint8_t* mp = meta + tok * Gm::kMeta;
-        float s[GMAX];
-        float x[8];
-        P::dequant8(rowp, part, mp, x);
-        // Formats with a scale per octet (int4's group scale) scale the octet's sum once.
-        [[maybe_unused]] const float osc = P::octet_scale(mp, part);
-#pragma unroll
-        for (int g = 0; g < GMAX; ++g) {
-          float t = qreg[g][0] * x[0];
-#pragma unroll
-          for (int i = 1; i < 8; ++i) t = fmaf(qreg[g][i], x[i], t);
-          s[g] = P::kHasOctetScale ? t * osc : t;
+      if constexpr (P::kMmaK) {
+        // Scores on tensor cores: warp w takes n-tiles of 8 tokens; thread (r = lane/4, t4 = lane%4) loads token r's
+        // fragment words (16-byte loads) and gets back scores of head r for tokens 2*t4, 2*t4 + 1.
+        const int r = lane >> 2, t4 = lane & 3;
+        for (int nt = warp; nt < kTile / 8; nt += kWarps) {
+          const int tok0 = nt * 8;
+          uint32_t bf[D / 16][2];
+          P::template mma_b<D>(tile + (tok0 + r) * Gm::kCode, t4, bf);
+          float c[4] = {0.f, 0.f, 0.f, 0.f};
+  #pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) P::mma(c, qa[ks][0], qa[ks][1], bf[ks][0], bf[ks][1]);
+          if (r < GMAX) {
+  #pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int tok = tok0 + 2 * t4 + i;
+              p_s[(tloc0 + tok) * GMAX + r] = tok < valid ? c[i] * qs : -INFINITY;
+            }
+          }
         }
-        // Reduce-scatter over the token's kOct lanes: each level halves the heads a lane carries (GMAX - 1 + ...
-        // shuffles instead of log2(kOct) x GMAX); lane part ends with head part / (kOct / GMAX). Fixed order.
-        const int head = reduce_scatter<GMAX, Gm::kTPT>(s, part);
-        if (part % (Gm::kTPT / GMAX) == 0) {
-          const float ks = P::k_token_scale(mp);
-          p_s[(tloc0 + tok) * GMAX + head] = tok < valid ? s[0] * ks : -INFINITY;
+      } else {
+        // Scores: kOct threads per token, one octet each (q in registers); fixed-order shuffle reduction.
+        const int tk = tid / Gm::kTPT;
+  #pragma unroll 2
+        for (int pass = 0; pass < kTile / Gm::kTokPerPass; ++pass) {
+          const int tok = pass * Gm::kTokPerPass + tk;
+          const uint8_t* rowp = tile + tok * Gm::kCode;
+          const uint8_t* mp = meta + tok * Gm::kMeta;
+          float s[GMAX];
+          float x[8];
+          P::dequant8(rowp, part, mp, x);
+          // Formats with a scale per octet (int4's group scale) scale the octet's sum once.
+          [[maybe_unused]] const float osc = P::octet_scale(mp, part);
+  #pragma unroll
+          for (int g = 0; g < GMAX; ++g) {
+            float t = qreg[g][0] * x[0];
+  #pragma unroll
+            for (int i = 1; i < 8; ++i) t = fmaf(qreg[g][i], x[i], t);
+            s[g] = P::kHasOctetScale ? t * osc : t;
+          }
+          // Reduce-scatter over the token's kOct lanes: each level halves the heads a lane carries (GMAX - 1 + ...
+          // shuffles instead of log2(kOct) x GMAX); lane part ends with head part / (kOct / GMAX). Fixed order.
+          const int head = reduce_scatter<GMAX, Gm::kTPT>(s, part);
+          if (part % (Gm::kTPT / GMAX) == 0) {
+            const float ks = P::k_token_scale(mp);
+            p_s[(tloc0 + tok) * GMAX + head] = tok < valid ? s[0] * ks : -INFINITY;
+          }
         }
       }
       if (last_tile) {

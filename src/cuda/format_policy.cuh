@@ -27,11 +27,51 @@
 
 namespace kvpack::cuda_detail {
 
+// mma.sync m16n8k16, fp32 accumulate. A rows 8..15 are zero (a group has at most 8 query heads).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+// Head-dimension permutation shared by A (query) and B (codes) fragments: thread t4 of a quad owns the 16-byte
+// chunks t4, t4 + 4, ... of a token row (E elements each); k-step ks takes 4 consecutive elements of one of them,
+// so B comes from conflict-light 16-byte loads instead of scattered 4-byte ones. Returns the first of the 4 dims.
+template <int E>
+__device__ __forceinline__ int mma_dim_base_e(int ks, int t4) {
+  const int j = ks / (E / 4), hh = ks % (E / 4);
+  return (t4 + 4 * j) * E + 4 * hh;
+}
+
 struct Bf16Policy {
   static constexpr Format kFormat = Format::bf16;
   static constexpr int kOctetBytes = 16;
   static constexpr bool kHasOctetScale = false, kRotate = false, kVectorEncode = false;
   static constexpr int kEncodeElems = 0;  // plain copies (encode8), no slice encoder
+  static constexpr bool kMmaK = false;     // scores on tensor cores (bf16 mma): written, not yet run on a GPU
+  __device__ __forceinline__ static int mma_dim_base(int ks, int t4) { return mma_dim_base_e<8>(ks, t4); }
+  __device__ __forceinline__ static uint32_t pack_q(uint16_t lo, uint16_t hi) { return lo | (uint32_t(hi) << 16); }
+  __device__ __forceinline__ static void mma(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    mma_bf16(c, a0, a2, b0, b1);
+  }
+  // B words for every k-step of one token row: 16 bytes = 8 bf16 = two k-steps (2 words each).
+  template <int D>
+  __device__ __forceinline__ static void mma_b(const uint8_t* row, int t4, uint32_t (&bf)[D / 16][2]) {
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) {
+      const uint4 v = *reinterpret_cast<const uint4*>(row + (t4 + 4 * j) * 16);
+      bf[2 * j][0] = v.x;
+      bf[2 * j][1] = v.y;
+      bf[2 * j + 1][0] = v.z;
+      bf[2 * j + 1][1] = v.w;
+    }
+  }
   __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, const FormatParams&, int,
                                                       bool) {}
   template <int D>
@@ -65,7 +105,34 @@ struct Bf16Policy {
 struct Fp8Policy {
   static constexpr Format kFormat = Format::fp8;
   static constexpr bool kHasOctetScale = false, kRotate = false, kVectorEncode = true;
+  static constexpr bool kMmaK = false;  // tensor-core scores (e4m3 -> f16 exact): written, not yet run on a GPU
   static constexpr int code_bytes(int D) { return block::block_layout(Format::fp8, D).code_bytes; }
+  __device__ __forceinline__ static int mma_dim_base(int ks, int t4) { return mma_dim_base_e<16>(ks, t4); }
+  __device__ __forceinline__ static uint32_t pack_q(uint16_t lo, uint16_t hi) {
+    const __half2 h2 = __floats2half2_rn(bf16_to_f32(lo), bf16_to_f32(hi));
+    return *reinterpret_cast<const uint32_t*>(&h2);
+  }
+  __device__ __forceinline__ static void mma(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    mma_f16(c, a0, a2, b0, b1);
+  }
+  __device__ __forceinline__ static uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes), __NV_E4M3);
+    return uint32_t(hr.x) | (uint32_t(hr.y) << 16);
+  }
+  // 16 bytes = 16 e4m3 = four k-steps (one 32-bit word, two cvt each).
+  template <int D>
+  __device__ __forceinline__ static void mma_b(const uint8_t* row, int t4, uint32_t (&bf)[D / 16][2]) {
+#pragma unroll
+    for (int j = 0; j < D / 64; ++j) {
+      const uint4 v = *reinterpret_cast<const uint4*>(row + (t4 + 4 * j) * 16);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int hh = 0; hh < 4; ++hh) {
+        bf[4 * j + hh][0] = e4m3x2_to_f16x2(w[hh] & 0xffffu);
+        bf[4 * j + hh][1] = e4m3x2_to_f16x2(w[hh] >> 16);
+      }
+    }
+  }
   static constexpr int meta_bytes(int D) { return block::block_layout(Format::fp8, D).meta_bytes; }
   // e4m3 -> f16 is one cvt per pair on sm_89+ (exact: every e4m3 value is an f16), then f16 -> f32 (exact).
   __device__ __forceinline__ static void dequant8(const uint8_t* row, int octet, const uint8_t*, float out[8]) {
@@ -114,6 +181,12 @@ template <bool Rotate>
 struct Int4Policy {
   static constexpr Format kFormat = Rotate ? Format::int4h : Format::int4;
   static constexpr bool kHasOctetScale = true, kRotate = Rotate, kVectorEncode = true;
+  static constexpr bool kMmaK = false;  // CUDA-core scores (a group scale per 32 elements; tensor path not done)
+  __device__ __forceinline__ static int mma_dim_base(int, int) { return 0; }
+  __device__ __forceinline__ static uint32_t pack_q(uint16_t, uint16_t) { return 0; }
+  __device__ __forceinline__ static void mma(float (&)[4], uint32_t, uint32_t, uint32_t, uint32_t) {}
+  template <int D>
+  __device__ __forceinline__ static void mma_b(const uint8_t*, int, uint32_t (&)[D / 16][2]) {}
   static constexpr int code_bytes(int D) { return block::block_layout(kFormat, D).code_bytes; }
   static constexpr int meta_bytes(int D) { return block::block_layout(kFormat, D).meta_bytes; }
   __device__ __forceinline__ static void dequant8(const uint8_t* row, int octet, const uint8_t*, float out[8]) {
