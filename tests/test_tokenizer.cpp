@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "kvpack/error.h"
 #include "kvpack/gguf.h"
@@ -351,6 +352,7 @@ TEST(Tokenizer, GgufMatchesTokenizerJson) {
   EXPECT_EQ(g.eos_id(), j.eos_id());
   EXPECT_EQ(g.pre_tokenizer(), "smollm");
   EXPECT_EQ(g.chat_template(), j.chat_template());
+  EXPECT_FALSE(g.add_bos_default());  // SmolLM2: tokenizer.ggml.add_bos_token = false
   const json& exp = load_json("expected_smollm2.json");
   for (const auto& [name, text] : texts().items()) {
     const std::string s = text.get<std::string>();
@@ -364,6 +366,19 @@ TEST(Tokenizer, GgufMatchesTokenizerJson) {
     EXPECT_EQ(g.apply_chat_template(msgs, c["gen"].get<bool>()), c["text"].get<std::string>()) << c["name"];
   }
   for (int32_t id = 0; id < g.vocab_size(); ++id) ASSERT_EQ(g.token_text(id), j.token_text(id)) << id;
+}
+
+// One Tokenizer shared by several threads (the BPE cache is the only shared mutable state).
+TEST(Tokenizer, ConcurrentEncodeIsConsistent) {
+  const Tokenizer& tok = flavour("gpt2");
+  const std::string s = texts()["eval-b"].get<std::string>();
+  const auto want = ids_of(load_json("expected_gpt2.json")["special"]["eval-b"]);
+  std::vector<std::vector<int32_t>> got(4);
+  std::vector<std::thread> th;
+  for (int t = 0; t < 4; ++t) th.emplace_back([&, t] { got[t] = tok.encode(s.substr(0, 5000 * (t + 1))); });
+  for (auto& x : th) x.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(got[t], tok.encode(s.substr(0, 5000 * (t + 1)))) << t;
+  EXPECT_EQ(tok.encode(s), want);
 }
 
 // A 400 KB text must tokenize in well under a few seconds (the BPE cache makes repeated words free).

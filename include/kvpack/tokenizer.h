@@ -35,6 +35,7 @@ struct BpeVocab {
   std::vector<std::string> merges;      // "left right", highest priority first
   std::string pre = "gpt2";             // tokenizer.ggml.pre: smollm, gpt2, llama-bpe (llama3), qwen2, default
   int32_t bos_id = -1, eos_id = -1, eot_id = -1, eom_id = -1;
+  bool add_bos = false;                 // tokenizer.ggml.add_bos_token: whether prompts should start with BOS
   std::string chat_template;            // empty when the model has none
 };
 
@@ -63,6 +64,9 @@ class Tokenizer {
   int32_t vocab_size() const;
   int32_t bos_id() const;  // -1 when none
   int32_t eos_id() const;  // -1 when none
+  // Whether the model expects BOS at the start of a prompt (GGUF tokenizer.ggml.add_bos_token; tokenizer.json:
+  // tokenizer_config.json add_bos_token). false for SmolLM2. encode() never adds BOS on its own.
+  bool add_bos_default() const;
   bool is_eog(int32_t id) const;  // end of generation: eos, eot, <|im_end|>, <|eot_id|>, <|endoftext|>, ...
   bool is_special(int32_t id) const;  // control / special added token
 

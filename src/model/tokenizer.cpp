@@ -123,6 +123,7 @@ struct Tokenizer::Impl {
   bool nfc = false;
   bool ignore_merges = false;
   int32_t bos = -1, eos = -1;
+  bool add_bos = false;
   std::unordered_set<int32_t> eog;
   std::string chat_template;
   std::string template_kind;   // "" when there is no template
@@ -402,6 +403,7 @@ Tokenizer Tokenizer::from_vocab(const BpeVocab& v) {
   };
   impl->bos = check_id(v.bos_id, "bos");
   impl->eos = check_id(v.eos_id, "eos");
+  impl->add_bos = v.add_bos && impl->bos >= 0;
   if (check_id(v.eot_id, "eot") >= 0) impl->eog.insert(v.eot_id);
   if (check_id(v.eom_id, "eom") >= 0) impl->eog.insert(v.eom_id);
   impl->chat_template = v.chat_template;
@@ -432,6 +434,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   v.eot_id = id("tokenizer.ggml.eot_token_id");
   v.eom_id = id("tokenizer.ggml.eom_token_id");
   v.chat_template = f.get_string_opt("tokenizer.chat_template").value_or("");
+  v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", false);
   return from_vocab(v);
 }
 
@@ -604,6 +607,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
     bos_text = special_token_text(cfg, "bos_token");
     eos_text = special_token_text(cfg, "eos_token");
     if (cfg.contains("chat_template") && cfg["chat_template"].is_string()) impl->chat_template = cfg["chat_template"];
+    if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) impl->add_bos = cfg["add_bos_token"];
   }
   if (impl->chat_template.empty() && std::filesystem::exists(dir / "chat_template.jinja"))
     impl->chat_template = read_text_file((dir / "chat_template.jinja").string());
@@ -617,6 +621,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   };
   impl->bos = resolve(bos_text, "bos_token");
   impl->eos = resolve(eos_text, "eos_token");
+  impl->add_bos = impl->add_bos && impl->bos >= 0;
   if (impl->eos >= 0) impl->eog.insert(impl->eos);
   return Tokenizer(std::move(impl));
 }
@@ -703,6 +708,7 @@ std::optional<int32_t> Tokenizer::token_id(std::string_view t) const {
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->tokens.size()); }
 int32_t Tokenizer::bos_id() const { return impl_->bos; }
 int32_t Tokenizer::eos_id() const { return impl_->eos; }
+bool Tokenizer::add_bos_default() const { return impl_->add_bos; }
 bool Tokenizer::is_eog(int32_t id) const { return impl_->eog.count(id) != 0; }
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < static_cast<int64_t>(impl_->special.size()) && impl_->special[id];
