@@ -348,3 +348,55 @@ TEST(CalibFile, BadFilesGiveClearErrors) {
   std::filesystem::remove(p);
   std::filesystem::remove(p3);
 }
+
+TEST(QBlock, PropertiesAllFormatsBothHeadDims) {
+  // For every q format and head dim: codes within each group's range, decode == mu + G * decode_transformed,
+  // deterministic bytes, and error shrinking with bits (q4 < q3.5 < q3) on the fitted distribution.
+  for (int d : {64, 128}) {
+    auto s = synthetic_stats(d, 500 + d, 3000);
+    double prev = 0;
+    for (int bx2 : {8, 7, 6}) {
+      QFormatTables t;
+      t.bits_x2 = bx2;
+      t.resize(1, d);
+      calib::fit_q_slot(s, t, 0);
+      t.derive();
+      const block::QParams p = t.params(0);
+      const int cb = block::q_code_bytes(bx2, d);
+      std::vector<uint8_t> b1(cb + 1), b2(cb + 1);
+      std::vector<float> y(d), yt(d);
+      std::vector<int> k(d);
+      for (int64_t i = 0; i < 64; ++i) {
+        const float* x = s.samples.data() + i * d;
+        auto run = [&]<int D, int B>() {
+          using QB = block::QBlock<D, B>;
+          QB::encode(p, x, b1.data(), b1.data() + cb);
+          QB::encode(p, x, b2.data(), b2.data() + cb);
+          QB::decode(p, b1.data(), b1.data() + cb, y.data());
+          QB::decode_transformed(p, b1.data(), b1.data() + cb, yt.data());
+          QB::unpack(p, b1.data(), k.data());
+        };
+        if (d == 64) {
+          if (bx2 == 8) run.template operator()<64, 8>();
+          else if (bx2 == 7) run.template operator()<64, 7>();
+          else run.template operator()<64, 6>();
+        } else {
+          if (bx2 == 8) run.template operator()<128, 8>();
+          else if (bx2 == 7) run.template operator()<128, 7>();
+          else run.template operator()<128, 6>();
+        }
+        ASSERT_EQ(b1, b2);
+        for (int c = 0; c < d; ++c) {
+          EXPECT_GE(k[c], 0);
+          EXPECT_LT(k[c], 1 << t.group_bits[c / 8] | (t.group_bits[c / 8] == 0));
+          double r = t.mean[c];
+          for (int j = 0; j < d; ++j) r += double(t.inv[c * d + j]) * yt[j];
+          EXPECT_NEAR(y[c], r, 1e-4 * (1 + std::abs(r)));
+        }
+      }
+      const double e = calib::q_slot_relative_error(s, t, 0);
+      EXPECT_GT(e, prev) << d << " " << bx2;
+      prev = e;
+    }
+  }
+}
