@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,6 +87,7 @@ struct Builder {
   }
   Builder& kv_u32(std::string_view key, uint32_t v) { return str(key).put<uint32_t>(4).put(v); }
   Builder& kv_str(std::string_view key, std::string_view v) { return str(key).put<uint32_t>(8).str(v); }
+  Builder& kv_f32(std::string_view key, float v) { return str(key).put<uint32_t>(6).put(v); }
   Builder& tensor(std::string_view name, std::vector<int64_t> dims, uint32_t type, uint64_t offset) {
     str(name).put<uint32_t>(static_cast<uint32_t>(dims.size()));
     for (int64_t d : dims) put(d);
@@ -251,7 +254,7 @@ TEST(Gguf, MetadataEveryValueTypeV3AndV2) {
     ASSERT_GE(keys.size(), 3u);
     EXPECT_EQ(keys[0], "general.architecture");
     EXPECT_EQ(keys[2], "test.u8");
-    EXPECT_EQ(keys.size(), 33u);
+    EXPECT_EQ(keys.size(), 32u);
   }
 }
 
@@ -323,6 +326,103 @@ TEST(Gguf, SmallFileTensorsAndConfig) {
   EXPECT_TRUE(c.tied_embeddings);
   EXPECT_EQ(c.n_params, 2048 + 64 + 4096 + 4096);
   EXPECT_EQ(c.rope_scaling.type, "none");
+}
+
+// A minimal model file: `arch` metadata (+ extra pairs appended by `extra`, counted in n_extra) and tensors
+// given as (name, F32 values).
+std::vector<uint8_t> model_file(const std::string& arch, int n_extra, const std::function<void(Builder&)>& extra,
+                                const std::vector<std::pair<std::string, std::vector<float>>>& tensors) {
+  Builder x;
+  x.header(3, tensors.size(), 7 + n_extra);
+  x.kv_str("general.architecture", arch);
+  x.kv_u32(arch + ".block_count", 2).kv_u32(arch + ".context_length", 131072).kv_u32(arch + ".embedding_length", 256);
+  x.kv_u32(arch + ".feed_forward_length", 512).kv_u32(arch + ".attention.head_count", 4);
+  x.kv_f32(arch + ".rope.freq_base", 500000.0f);
+  extra(x);
+  uint64_t off = 0;
+  for (const auto& [name, v] : tensors) {
+    x.tensor(name, {static_cast<int64_t>(v.size())}, 0, off);
+    off += (v.size() * 4 + 31) / 32 * 32;
+  }
+  x.pad();
+  for (const auto& [name, v] : tensors) {
+    for (float f : v) x.put(f);
+    x.pad();
+  }
+  return x.b;
+}
+
+// llama.cpp's converter writes Llama-3.1 RoPE scaling as per-frequency factors (LlamaModel.generate_extra_tensors).
+std::vector<float> llama3_rope_factors(int head_dim, double theta, double factor) {
+  std::vector<float> out;
+  const double old_ctx = 8192, low = 1, high = 4;
+  for (int i = 0; i < head_dim; i += 2) {
+    const double freq = 1.0 / std::pow(theta, static_cast<double>(i) / head_dim);
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < old_ctx / high) out.push_back(1.0f);
+    else if (wavelen > old_ctx / low) out.push_back(static_cast<float>(factor));
+    else {
+      const double smooth = (old_ctx / wavelen - low) / (high - low);
+      out.push_back(static_cast<float>(1.0 / ((1 - smooth) / factor + smooth)));
+    }
+  }
+  return out;
+}
+
+TEST(GgufConfig, Llama3RopeFactorsTensor) {
+  auto vocab = [](Builder& x) { x.kv_u32("llama.vocab_size", 100); };
+  const auto b = model_file("llama", 1, vocab, {{"rope_freqs.weight", llama3_rope_factors(64, 500000.0, 8.0)}});
+  auto f = GgufFile::from_memory(b.data(), b.size(), "l3.gguf");
+  ModelConfig c = model_config_from_gguf(f);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.n_kv_heads, 4);  // defaults to head_count
+  EXPECT_EQ(c.rope_scaling.type, "llama3");
+  EXPECT_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(c.vocab_size, 100);
+}
+
+TEST(GgufConfig, ErrorsNameTheKey) {
+  auto msg = [](const std::vector<uint8_t>& b) -> std::string {
+    try {
+      auto f = GgufFile::from_memory(b.data(), b.size(), "m.gguf");
+      (void)model_config_from_gguf(f);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto vocab = [](Builder& x) { x.kv_u32("llama.vocab_size", 100); };
+  // Factors that are not Llama-3's (one value perturbed) are refused rather than silently mis-modelled.
+  auto bad = llama3_rope_factors(64, 500000.0, 8.0);
+  bad[0] *= 1.01f;
+  EXPECT_NE(msg(model_file("llama", 1, vocab, {{"rope_freqs.weight", bad}})).find("rope_freqs.weight' element 0 "),
+            std::string::npos);
+  EXPECT_NE(msg(model_file("gpt2", 0, [](Builder&) {}, {})).find("architecture 'gpt2' is not supported"),
+            std::string::npos);
+  EXPECT_NE(msg(model_file("llama", 2, [](Builder& x) {
+              x.kv_u32("llama.vocab_size", 100).kv_str("llama.rope.scaling.type", "yarn");
+            }, {})).find("RoPE scaling type 'yarn'"), std::string::npos);
+  EXPECT_NE(msg(model_file("llama", 2, [](Builder& x) {
+              x.kv_u32("llama.vocab_size", 100).kv_u32("llama.attention.head_count_kv", 3);
+            }, {})).find("n_heads (4) is not a multiple of n_kv_heads (3)"), std::string::npos);
+  EXPECT_NE(msg(model_file("llama", 2, [](Builder& x) {
+              x.kv_u32("llama.vocab_size", 100).kv_str("llama.attention.key_length", "64");
+            }, {})).find("metadata key 'llama.attention.key_length' has type string"), std::string::npos);
+  // linear scaling and qwen2 biases
+  auto lin = model_file("qwen2", 3, [](Builder& x) {
+    x.kv_u32("qwen2.vocab_size", 100).kv_str("qwen2.rope.scaling.type", "linear").kv_f32("qwen2.rope.scaling.factor", 4);
+  }, {{"output.weight", std::vector<float>(8, 0.5f)}});
+  auto f = GgufFile::from_memory(lin.data(), lin.size(), "q.gguf");
+  ModelConfig c = model_config_from_gguf(f);
+  EXPECT_EQ(c.arch, "qwen2");
+  EXPECT_TRUE(c.attn_bias);
+  EXPECT_FALSE(c.tied_embeddings);
+  EXPECT_EQ(c.rope_scaling.type, "linear");
+  EXPECT_EQ(c.rope_scaling.factor, 4.0);
+  EXPECT_EQ(c.n_params, 8);
 }
 
 // ---------------------------------------------------------------- malformed files
@@ -482,9 +582,8 @@ TEST(GgufMalformed, Matrix) {
   }
   {
     auto x = hdr(3, 1, 0);
-    x.put<uint64_t>(3).b.insert(x.b.end(), {'a', 'b', 'c'});
-    x.put<uint32_t>(2).put<int64_t>(32);  // second dim missing: file ends
-    expect_error(x.b, {"tensor 'abc'", "truncated file", "dimension"}, "truncated dims");
+    x.str("abcdefgh").put<uint32_t>(2).put<int64_t>(32);  // second dim missing: file ends
+    expect_error(x.b, {"tensor 'abcdefgh'", "truncated file", "dimension"}, "truncated dims");
   }
   // Unsupported-but-known types parse, but dequantizing names the tensor and the type.
   {
@@ -508,7 +607,8 @@ TEST(GgufMalformed, EveryTruncation) {
   uint64_t need = 0;
   for (const auto& t : full.tensors()) need = std::max(need, full.data_offset() + t.offset + t.n_bytes);
   ASSERT_LE(need, bytes.size());
-  for (size_t n = 0; n < bytes.size(); ++n) {
+  // Every prefix through the tensor infos, then a stride through the data section (each is a plain bounds error).
+  for (size_t n = 0; n < bytes.size(); n += n < full.data_offset() + 64 ? 1 : 61) {
     try {
       auto f = GgufFile::from_memory(bytes.data(), n, "t.gguf");
       EXPECT_GE(n, need) << "prefix of " << n << " bytes parsed";

@@ -225,7 +225,9 @@ std::string GgufValue::summary(size_t max_items, size_t max_chars) const {
   switch (type) {
     case GgufType::STRING: return quoted(*as_string(), max_chars);
     case GgufType::BOOL: return std::get<bool>(value) ? "true" : "false";
-    case GgufType::F32: case GgufType::F64: return fmt::format("{}", std::get<double>(value));
+    // f32 values print as the shortest float that round-trips ("1e-05", not the widened 9.99999974e-06).
+    case GgufType::F32: return fmt::format("{}", static_cast<float>(std::get<double>(value)));
+    case GgufType::F64: return fmt::format("{}", std::get<double>(value));
     case GgufType::ARRAY: {
       const auto& a = *as_array();
       std::string out = fmt::format("{} n={} [", type_string(), a.size());

@@ -153,7 +153,7 @@ int run(const std::string& path, bool json, bool show_tensors) {
                c.d_model, c.n_heads, c.n_kv_heads, c.group_size(), c.head_dim, c.d_ff, c.vocab_size);
     fmt::print("  context {}  rope_theta {}  rope_scaling {}", c.max_context, c.rope_theta, c.rope_scaling.type);
     if (c.rope_scaling.type != "none") fmt::print(" (factor {})", c.rope_scaling.factor);
-    fmt::print("  rms_eps {}\n", c.rms_eps);
+    fmt::print("  rms_eps {:g}\n", c.rms_eps);
     fmt::print("  tied_embeddings {}  attn_bias {}  params {}  bos {}  eos {}\n", c.tied_embeddings, c.attn_bias,
                c.n_params, c.bos_token_id, c.eos_token_id);
     fmt::print("  KV cache: {} elements per token ({} per token in bf16)\n", c.kv_elements_per_token(),
