@@ -68,8 +68,8 @@ Plan make_plan(const PlanOptions& o) {
   p.replicas_per_node = o.gpus_per_node / o.tp;
   p.kv_elements_per_token = mc.kv_elements_per_token();
   p.weight_bytes = o.weight_bytes ? *o.weight_bytes : o.model.weight_bytes;
-  KVPACK_CHECK(p.weight_bytes >= 0 && std::isfinite(p.weight_bytes), "{}: weight size must not be negative, got {} GB",
-               src, p.weight_bytes / 1e9);
+  KVPACK_CHECK(p.weight_bytes >= 0 && std::isfinite(p.weight_bytes),
+               "{}: weight size must not be negative, got {} bytes", src, p.weight_bytes);
 
   // GPU memory: an explicit figure wins; otherwise the convention picks the preset's reported or nominal capacity.
   if (o.gpu_memory_bytes) {

@@ -21,11 +21,17 @@ std::string grouped(int64_t v) {
 
 std::string usd(double v) { return (v < 0 ? "-$" : "$") + grouped(std::llround(std::fabs(v))); }
 
-std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / 1e9); }
+// Decimal units (the published figures are in GB = 1e9 bytes); MB below 1 GB so a small model's weights stay visible.
+std::string gb(double bytes) {
+  return std::fabs(bytes) < 1e9 ? fmt::format("{:.2f} MB", bytes / 1e6) : fmt::format("{:.2f} GB", bytes / 1e9);
+}
 
-// users/GPU is fractional under TP (node users / tp); print it exactly when it is whole.
+// users/GPU is fractional under TP (group users / tp, e.g. 19 / 8 = 2.375): print it exactly, without trailing zeros.
 std::string users_per_gpu(double v) {
-  return v == std::floor(v) ? grouped(static_cast<int64_t>(v)) : fmt::format("{:.3g}", v);
+  if (v == std::floor(v)) return grouped(static_cast<int64_t>(v));
+  std::string s = fmt::format("{:.3f}", v);
+  while (s.back() == '0') s.pop_back();
+  return s;
 }
 
 // Left-aligned first column, the rest right-aligned, two spaces between.
@@ -54,9 +60,9 @@ std::string plan_table(const Plan& p) {
   const PlanOptions& o = p.options;
   const ModelConfig& mc = o.model.config;
   std::string s;
-  s += fmt::format("{} on {} GPUs: TP {}, {} GPUs/node ({} TP group{} per node), context {} tokens\n", mc.name,
-                   o.gpu.name, o.tp, o.gpus_per_node, p.replicas_per_node, p.replicas_per_node == 1 ? "" : "s",
-                   grouped(o.context));
+  s += fmt::format("{} on {} GPUs: TP {}, {} GPU{}/node ({} TP group{} per node), context {} tokens\n", mc.name,
+                   o.gpu.name, o.tp, o.gpus_per_node, o.gpus_per_node == 1 ? "" : "s", p.replicas_per_node,
+                   p.replicas_per_node == 1 ? "" : "s", grouped(o.context));
   s += fmt::format("  GPU memory    {} per GPU, {}\n", gb(p.gpu_memory_bytes), p.gpu_memory_basis);
   if (o.weight_bytes)
     s += fmt::format("  weights       {} (given)\n", gb(p.weight_bytes));
@@ -100,7 +106,7 @@ std::string plan_table(const Plan& p) {
     } else {
       for (int i = 0; i < 5; ++i) row.push_back("n/a");
     }
-    row.push_back(r.calibration_bytes > 0 ? fmt::format("{:.2f}", r.calibration_bytes / 1e6) : "-");
+    row.push_back(r.calibration_bytes > 0 ? fmt::format("{:.3g}", r.calibration_bytes / 1e6) : "-");
     cells.push_back(std::move(row));
   }
   s += aligned(cells);
