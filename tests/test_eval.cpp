@@ -336,3 +336,103 @@ TEST(EvalDriver, PlotWritesPng) {
   EXPECT_EQ(std::string(sig + 1, 3), "PNG");
   std::filesystem::remove(png);
 }
+
+// ---- end to end on SmolLM2 (skipped without the model unless KVPACK_REQUIRE_MODEL=1)
+
+#include "kvpack/llama.h"
+#include "kvpack/tokenizer.h"
+
+namespace {
+
+std::string eval_model_path() {
+  const char* p = std::getenv("KVPACK_MODEL");
+  return p && *p ? p : std::string(KVPACK_SOURCE_DIR) + "/models/smollm2-135m-instruct.gguf";
+}
+
+const LlamaModel* eval_model() {
+  static std::unique_ptr<LlamaModel> m = [] {
+    std::unique_ptr<LlamaModel> p;
+    if (std::filesystem::exists(eval_model_path())) p = std::make_unique<LlamaModel>(LlamaModel::load(eval_model_path()));
+    return p;
+  }();
+  return m.get();
+}
+
+}  // namespace
+
+#define EVAL_NEED_MODEL()                                                            \
+  do {                                                                               \
+    if (!eval_model()) {                                                             \
+      const char* r = std::getenv("KVPACK_REQUIRE_MODEL");                           \
+      if (r && std::string(r) == "1") FAIL() << "model not found: " << eval_model_path(); \
+      GTEST_SKIP() << "model not found: " << eval_model_path();                      \
+    }                                                                                \
+  } while (0)
+
+TEST(EvalModel, Bf16TwiceIsExactlyZeroAndInt4IsNot) {
+  EVAL_NEED_MODEL();
+  const LlamaModel& m = *eval_model();
+  const std::string text =
+      "Debian is a free operating system for your computer. The packages are maintained by volunteers who care "
+      "about stability, and every release is tested for months before it is published for everyone to use.";
+  auto tokens = m.tokenizer().encode(text, false, false);
+  ASSERT_GE(tokens.size(), 33u);
+  tokens.resize(33);
+  auto wl = make_model_window_logits(m, nullptr);
+  const int V = wl->vocab_size();
+  // Two independent bf16 runs of the same window: the runner is deterministic, so KL is exactly 0 everywhere.
+  std::vector<float> first(static_cast<size_t>(32) * V), lp(static_cast<size_t>(V));
+  wl->run(Format::bf16, std::span<const int32_t>(tokens).first(32), [&](int p, int n, const float* l) {
+    std::copy(l, l + static_cast<size_t>(n) * V, first.begin() + static_cast<long>(p) * V);
+  });
+  wl->run(Format::bf16, std::span<const int32_t>(tokens).first(32), [&](int p, int n, const float* l) {
+    for (int i = 0; i < n; ++i) {
+      log_softmax(first.data() + static_cast<size_t>(p + i) * V, V, lp.data());
+      const auto s = score_position({lp.data(), argmax(lp.data(), V)}, l + static_cast<size_t>(i) * V, V, tokens[p + i + 1]);
+      EXPECT_EQ(s.kl, 0.0) << "position " << p + i;
+      EXPECT_TRUE(s.top1_match);
+    }
+  });
+  EvalConfig cfg;
+  cfg.window = 16;
+  cfg.max_positions = 32;
+  cfg.progress = false;
+  const EvalResult r = run_eval(*wl, {{"snippet", tokens}}, {Format::bf16, Format::int4}, cfg);
+  ASSERT_EQ(r.texts[0].formats.size(), 2u);
+  const Stats& bf = r.texts[0].formats[0].all;
+  const Stats& i4 = r.texts[0].formats[1].all;
+  EXPECT_EQ(bf.positions, 32);
+  EXPECT_EQ(bf.kl_mean, 0.0);
+  EXPECT_GT(bf.ppl, 1.0);
+  EXPECT_LT(bf.ppl, 1000.0);
+  EXPECT_GT(i4.kl_mean, 0.0);
+  EXPECT_GT(i4.top1_agreement, 0.5);
+}
+
+TEST(EvalModel, RulerEndToEndTinyPrompt) {
+  EVAL_NEED_MODEL();
+  const LlamaModel& m = *eval_model();
+  const auto& tok = m.tokenizer();
+  std::string hay;
+  for (int i = 0; i < 40; ++i)
+    hay += "The administrator checks the logs every morning and writes a short report for the team. ";
+  hay += "\n\nThe backup server keeps copies of every database for thirty days before they are removed.\n\n";
+  auto counter = [&](const std::string& user, const std::string& prefix) -> int64_t {
+    return static_cast<int64_t>(tok.encode(tok.apply_chat_template({{"user", user}}, true) + prefix, false, true).size());
+  };
+  const auto samples = generate_ruler({hay}, {RulerTask::niah_number}, {320}, 1, 3, counter);
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_LE(counter(samples[0].user, samples[0].answer_prefix), 320 - 64);
+  auto rm = make_model_ruler(m, nullptr, 512);
+  RulerConfig cfg;
+  cfg.progress = false;
+  cfg.max_new_tokens = 12;
+  const RulerResult r = run_ruler(*rm, samples, {Format::int4}, cfg);
+  ASSERT_EQ(r.records.size(), 2u);
+  EXPECT_EQ(r.records[0].format, Format::bf16);
+  EXPECT_EQ(r.records[0].gold_kl, 0.0);
+  EXPECT_GT(r.records[0].gold_tokens, 0);
+  EXPECT_GE(r.records[1].gold_kl, 0.0);
+  EXPECT_FALSE(r.records[0].answer.empty());
+  EXPECT_GT(r.records[0].gold_nll, 0.0);
+}
