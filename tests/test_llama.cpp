@@ -507,6 +507,17 @@ TEST(LlamaLoad, HfSafetensorsDirectory) {
   EXPECT_LT(max_abs_diff(got, ref_forward(w, toks)), kTinyTol);
   EXPECT_EQ(got, run_all(LlamaModel::from_weights(w), toks, fp32.get(), 4));  // same fp32 weights, same bits
 
+  // A tokenizer.json beside the weights is loaded; one larger than the model's vocabulary is refused by name.
+  std::filesystem::copy_file(std::filesystem::path(KVPACK_TEST_DATA) / "tokenizer/smollm2/tokenizer.json",
+                             dir / "tokenizer.json");
+  try {
+    LlamaModel::load(dir.string());
+    FAIL() << "a 49152-token tokenizer on a 37-token model must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json has 49152 tokens"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(dir / "tokenizer.json");
+
   // A wrong shape names the tensor.
   ts[3] = st_f32_tensor("model.layers.0.input_layernorm.weight", {d - 1}, std::vector<float>(d - 1, 1.0f));
   write_safetensors((dir / "model.safetensors").string(), ts, {});

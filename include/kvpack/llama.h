@@ -61,7 +61,7 @@ void unpermute_ggml_qk(std::vector<float>& w, int n_heads, int head_dim, int64_t
 
 class LlamaModel {
  public:
-  // A .gguf file, or an HF directory with config.json and *.safetensors (tokenizer only for GGUF).
+  // A .gguf file, or an HF directory with config.json and *.safetensors (the tokenizer from GGUF metadata or the directory's tokenizer.json).
   static LlamaModel load(const std::string& path);
   static LlamaModel from_weights(LlamaWeights w, std::string source = "<memory>");
 

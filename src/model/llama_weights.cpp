@@ -154,7 +154,7 @@ LlamaModel LlamaModel::from_weights(LlamaWeights w, std::string source) {
 }
 
 const Tokenizer& LlamaModel::tokenizer() const {
-  KVPACK_CHECK(tokenizer_ != nullptr, "{}: model was loaded without a tokenizer (only GGUF files carry one)",
+  KVPACK_CHECK(tokenizer_ != nullptr, "{}: model was loaded without a tokenizer (a GGUF file, or an HF directory with tokenizer.json, carries one)",
                source_);
   return *tokenizer_;
 }
@@ -184,6 +184,16 @@ LlamaModel LlamaModel::load(const std::string& path) {
     };
     m.w_ = std::make_unique<LlamaWeights>(load_llama_weights(cfg, path, fetch));
     m.w_->rope_style = RopeStyle::NeoX;  // HF modeling code uses rotate_half
+    // The tokenizer, when the directory ships one (tokenizer.json; bos/eos and the chat template come from
+    // tokenizer_config.json beside it).
+    const fs::path tok_path = fs::path(path) / "tokenizer.json";
+    if (fs::exists(tok_path)) {
+      m.tokenizer_ = std::make_shared<const Tokenizer>(Tokenizer::from_tokenizer_json(tok_path.string()));
+      KVPACK_CHECK(m.tokenizer_->vocab_size() <= cfg.vocab_size,
+                   "{}: tokenizer.json has {} tokens but config.json vocab_size is {}", path,
+                   m.tokenizer_->vocab_size(), cfg.vocab_size);
+      m.add_bos_ = m.tokenizer_->add_bos_default();
+    }
     return m;
   }
 
