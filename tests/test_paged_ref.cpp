@@ -112,7 +112,8 @@ TEST(PagedWriteRef, Bf16RoundTripAndPaddingSkipped) {
 TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
   std::mt19937 rng(21);
   std::normal_distribution<float> nd;
-  for (Format f : {Format::bf16, Format::fp8, Format::int4, Format::int4h}) {
+  for (const auto& info : all_formats()) {
+    const Format f = info.id;
     ASSERT_TRUE(paged_format_supported(f)) << format_name(f);
     for (int D : {64, 128}) {
       const int P = 32, H = 3;
@@ -129,6 +130,14 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
       for (auto& x : v) x = f32_to_bf16(nd(rng));
       std::vector<float> ks(H, 0.02f), vs(H, 0.03f);
       FormatParams fp{ks.data(), vs.data()};
+      const bool q = info.sink_tokens > 0;
+      QHostParams qk, qv;
+      if (q) {
+        qk = synthetic_q_params(f, H, D, 1);
+        qv = synthetic_q_params(f, H, D, 2);
+        fp.qk = qk.table();
+        fp.qv = qv.table();
+      }
       const int32_t slot = 1 * P + 5;  // page 1, offset 5
       paged_write_ref(l, kp.data(), vp.data(), pages, k.data(), v.data(), &slot, 1, fp);
       for (int h = 0; h < H; ++h) {
@@ -142,6 +151,13 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
         if (f == Format::int4 && D == 128) block::Int4Block<128, false>::encode(x.data(), codes.data(), meta.data());
         if (f == Format::int4h && D == 64) block::Int4Block<64, true>::encode(x.data(), codes.data(), meta.data());
         if (f == Format::int4h && D == 128) block::Int4Block<128, true>::encode(x.data(), codes.data(), meta.data());
+        const block::QParams qp = q ? qk.table().head(h, D) : block::QParams{};
+        if (f == Format::q4 && D == 64) block::Q4Block<64>::encode(qp, x.data(), codes.data(), meta.data());
+        if (f == Format::q4 && D == 128) block::Q4Block<128>::encode(qp, x.data(), codes.data(), meta.data());
+        if (f == Format::q3_5 && D == 64) block::Q35Block<64>::encode(qp, x.data(), codes.data(), meta.data());
+        if (f == Format::q3_5 && D == 128) block::Q35Block<128>::encode(qp, x.data(), codes.data(), meta.data());
+        if (f == Format::q3 && D == 64) block::Q3Block<64>::encode(qp, x.data(), codes.data(), meta.data());
+        if (f == Format::q3 && D == 128) block::Q3Block<128>::encode(qp, x.data(), codes.data(), meta.data());
         const uint8_t* blk = kp.data() + 1 * l.page_bytes() + h * l.head_block_bytes;
         EXPECT_EQ(0, std::memcmp(blk + 5 * bl.code_bytes, codes.data(), bl.code_bytes)) << format_name(f) << " D=" << D;
         if (bl.meta_bytes)
@@ -186,6 +202,45 @@ TEST(DecodeRef, SingleTokenReturnsItsValueAndFp32MatchesFp64) {
   EXPECT_LT(std::sqrt(num / den), 5e-3);  // fp32 + bf16 output rounding
   EXPECT_GT(std::sqrt(num / den), 0.0);   // and it is a different computation
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(l64[i], l32[i], 1e-4);
+}
+
+// q formats keep the first kSinkTokens positions exactly: a sequence no longer than that, read with its sink row,
+// attends exactly like the bf16 cache; without the sink row it reads the (lossy) codes.
+TEST(DecodeRef, SinkTokensAreReadExactly) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  const int H = 2, D = 64, n = kSinkTokens;
+  const PagedLayout lq = make_paged_layout(Format::q4, 16, H, D), lb = make_paged_layout(Format::bf16, 16, H, D);
+  QHostParams qk = synthetic_q_params(Format::q4, H, D, 3), qv = synthetic_q_params(Format::q4, H, D, 4);
+  FormatParams fp;
+  fp.qk = qk.table();
+  fp.qv = qv.table();
+  std::vector<uint16_t> k(n * H * D), v(n * H * D), q(4 * D);
+  for (auto& x : k) x = f32_to_bf16(nd(rng));
+  for (auto& x : v) x = f32_to_bf16(nd(rng));
+  for (auto& x : q) x = f32_to_bf16(nd(rng));
+  std::vector<int32_t> slots(n);
+  std::iota(slots.begin(), slots.end(), 16);  // page 1
+  std::vector<uint8_t> kq(2 * lq.page_bytes()), vq(2 * lq.page_bytes()), kb(2 * lb.page_bytes()), vb(2 * lb.page_bytes());
+  paged_write_ref(lq, kq.data(), vq.data(), 2, k.data(), v.data(), slots.data(), n, fp);
+  paged_write_ref(lb, kb.data(), vb.data(), 2, k.data(), v.data(), slots.data(), n, {});
+  // sink pool with 2 rows; the sequence owns row 1
+  std::vector<uint16_t> ks(2 * n * H * D, 0), vs(2 * n * H * D, 0);
+  std::copy(k.begin(), k.end(), ks.begin() + n * H * D);
+  std::copy(v.begin(), v.end(), vs.begin() + n * H * D);
+  std::vector<int32_t> rows{1}, indptr{0, 1}, indices{1}, last{n};
+  const SinkView sv{ks.data(), vs.data(), rows.data(), 2};
+  PageTableView view = view_of(CsrPageTable{indptr.data(), indices.data(), last.data(), 1});
+  std::vector<double> oq(4 * D), ob(4 * D), oc(4 * D), lq64(4), lb64(4), lc64(4);
+  decode_attention_ref(lq, kq.data(), vq.data(), view, q.data(), 4, 0.125, fp, oq.data(), lq64.data(), false, &sv);
+  decode_attention_ref(lb, kb.data(), vb.data(), view, q.data(), 4, 0.125, {}, ob.data(), lb64.data(), false);
+  decode_attention_ref(lq, kq.data(), vq.data(), view, q.data(), 4, 0.125, fp, oc.data(), lc64.data(), false);
+  double diff = 0;
+  for (size_t i = 0; i < oq.size(); ++i) {
+    EXPECT_DOUBLE_EQ(oq[i], ob[i]) << i;
+    diff = std::max(diff, std::abs(oc[i] - ob[i]));
+  }
+  EXPECT_GT(diff, 1e-3);  // the codes are lossy: reading them instead of the sinks changes the output
 }
 
 }  // namespace

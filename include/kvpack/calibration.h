@@ -34,6 +34,10 @@ struct QFormatTables {
   void resize(int slots, int d);
   // Pointers into this table's host arrays for one slot.
   block::QParams params(int slot) const;
+  // One layer's K or V parameters for all kv heads, as the paged cache's FormatParams::qk / qv take them (host
+  // pointers into this table; slots interleave K and V, so head_stride 2). Copy the arrays to the device for the
+  // CUDA kernels and offset the pointers alike.
+  block::QHeadTable layer_table(int layer, int n_kv_heads, KvKind kind) const;
   // Recomputes inv_step from step and group_bits.
   void derive();
 };

@@ -31,7 +31,14 @@ struct WriteArgs {
   uint8_t* v_pool = nullptr;               // [num_pages][num_kv_heads][head_block_bytes]
   int64_t num_pages = 0;
   FormatParams params;
-  int32_t* status = nullptr;               // device int32 or null; set to 1 when a slot is out of range (skipped)
+  int32_t* status = nullptr;               // device int32 or null; |= 1: a slot out of range (skipped), |= 4: a
+                                           // sink slot out of range (skipped)
+  // Formats with sink tokens (q4/q3.5/q3, see SinkView in paged.h): tokens whose sink slot (row * sink_tokens +
+  // position) is >= 0 are also copied, in bf16, into the sink pool. All null: no sink writes.
+  const int32_t* sink_slot_mapping = nullptr;  // [num_tokens]
+  uint16_t* k_sinks = nullptr;             // [num_sink_rows][sink_tokens][num_kv_heads][head_dim]
+  uint16_t* v_sinks = nullptr;
+  int64_t num_sink_rows = 0;
 };
 // Validates the host-visible arguments (throws kvpack::Error) and launches; never synchronises.
 void write_kv(const PagedLayout& layout, const WriteArgs& args, void* stream = nullptr);
@@ -100,7 +107,9 @@ struct DecodeArgs {
   uint16_t* out = nullptr;            // [batch][num_qo_heads][head_dim] bf16
   float* lse = nullptr;               // [batch][num_qo_heads] natural-log LSE of the scaled scores, or null
   void* workspace = nullptr;          // plan.workspace_bytes, zeroed once
-  int32_t* status = nullptr;          // device int32 or null: bit 1 page id out of range, bit 2 length > max_context
+  int32_t* status = nullptr;          // device int32 or null: |= 1 page id out of range, |= 2 length > max_context,
+                                      // |= 4 sink row out of range (that sequence's first tokens read from codes)
+  SinkView sinks;                     // formats with sink tokens: device sink pools and rows[batch] (rows null: none)
 };
 // Launches only (no allocation, no synchronisation): capturable in a CUDA graph. The grid depends only on the
 // plan (batch, kv heads, max context); sequence lengths are read on the device. Throws kvpack::Error on

@@ -11,6 +11,10 @@ namespace kvpack {
 
 enum class Format : int { bf16 = 0, fp8, int4, int4h, q4, q3_5, q3 };
 
+// First tokens of every sequence that kvpack's own formats keep exactly, in bf16 (attention sinks). The registry's
+// FormatInfo::sink_tokens is this or 0; kernels use it as a compile-time bound.
+inline constexpr int kSinkTokens = 4;
+
 struct FormatInfo {
   Format id;
   std::string_view name;      // CLI/JSON/docs name: "bf16", "fp8", "int4", "int4h", "q4", "q3.5", "q3"

@@ -10,7 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "kvpack/block/qx.h"
 #include "kvpack/formats.h"
 
 namespace kvpack {
@@ -76,7 +78,33 @@ int32_t page_of(const PageTableView& v, int b, int64_t page_in_seq);
 struct FormatParams {
   const float* k_scale = nullptr;  // fp8: [num_kv_heads] dequantisation multiplier of K codes (null = 1)
   const float* v_scale = nullptr;  // fp8: [num_kv_heads] dequantisation multiplier of V codes (null = 1)
+  block::QHeadTable qk, qv;        // q4/q3.5/q3: this layer's calibrated transforms, steps and bits, K and V
 };
+
+// Attention sinks of the formats that keep them (format_info(f).sink_tokens > 0: q4/q3.5/q3): positions
+// 0 .. sink_tokens-1 of every sequence are also stored exactly, in bf16, in a sink pool per K and V:
+//   [num_rows][sink_tokens][num_kv_heads][head_dim] bf16; sequence b owns row rows[b] (< 0: no sink row, its first
+//   tokens are read from their codes like any other token).
+// Writes address it with a sink slot per token: row * sink_tokens + position (< 0: not a sink token).
+struct SinkView {
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  const int32_t* rows = nullptr;  // [batch]
+  int64_t num_rows = 0;
+};
+
+// Owning host copy of q-format parameters for num_heads kv heads (one layer, K or V), arrays [heads][...].
+struct QHostParams {
+  Format format = Format::q4;
+  int num_heads = 0, head_dim = 0;
+  std::vector<float> mean, fwd, inv, step, inv_step, rms_weight;
+  std::vector<uint8_t> group_bits;
+  block::QHeadTable table() const;  // host pointers into this object, head_stride 1
+};
+// Plausible synthetic parameters (tests, benchmarks): a random orthogonal transform per head (G = F^T), a random
+// bit allocation filling the format's code bytes (some 0-bit groups), steps of the optimal uniform quantiser of a
+// unit Gaussian at each channel's bits, equal RMS weights. Deterministic in seed.
+QHostParams synthetic_q_params(Format f, int num_heads, int head_dim, uint64_t seed);
 
 // ---- CPU reference of the paged cache (host memory): the oracle for the CUDA kernels.
 // Encodes tokens into their slots exactly as write_kv() must (byte for byte). k, v: [num_tokens][num_kv_heads]
@@ -90,8 +118,10 @@ void dequant_token_ref(const PagedLayout& layout, const uint8_t* pool, int64_t p
 // fp64 attention of one query token per sequence over the dequantised cache (host view and pools).
 // q: [batch][num_qo_heads][head_dim] bf16; out: [batch][num_qo_heads][head_dim]; lse: [batch][num_qo_heads] (ln).
 // precision_fp32 = true computes the same thing in plain fp32 (the "same-precision" yardstick of the tests).
+// sinks (host pointers, may be null): formats with sink tokens read positions < sink_tokens from the sink pool.
 void decode_attention_ref(const PagedLayout& layout, const uint8_t* k_pool, const uint8_t* v_pool,
                           const PageTableView& table, const uint16_t* q, int num_qo_heads, double sm_scale,
-                          const FormatParams& params, double* out, double* lse, bool precision_fp32 = false);
+                          const FormatParams& params, double* out, double* lse, bool precision_fp32 = false,
+                          const SinkView* sinks = nullptr);
 
 }  // namespace kvpack

@@ -41,6 +41,23 @@ block::QParams QFormatTables::params(int slot) const {
           inv_step.data() + s * d, rms_weight.data() + s * d, group_bits.data() + s * (d / 8)};
 }
 
+block::QHeadTable QFormatTables::layer_table(int layer, int n_kv_heads, KvKind kind) const {
+  const int slot = (layer * n_kv_heads) * 2 + static_cast<int>(kind);
+  KVPACK_CHECK(slot >= 0 && slot + 2 * (n_kv_heads - 1) < n_slots, "calibration: layer {} is outside the file's {} slots",
+               layer, n_slots);
+  const block::QParams p = params(slot);
+  block::QHeadTable t;
+  t.mean = p.mean;
+  t.fwd = p.fwd;
+  t.inv = p.inv;
+  t.step = p.step;
+  t.inv_step = p.inv_step;
+  t.rms_weight = p.rms_weight;
+  t.group_bits = p.group_bits;
+  t.head_stride = 2;
+  return t;
+}
+
 std::string calibration_model_id(const ModelConfig& c) {
   return fmt::format("{}:layers={}:d_model={}:heads={}:kv_heads={}:head_dim={}:d_ff={}:vocab={}:rope_theta={}",
                      c.arch, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size,

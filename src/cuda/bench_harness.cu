@@ -129,10 +129,35 @@ struct DecodeBench::Impl {
   int32_t* perm_d = nullptr;
   std::vector<int32_t> perm;
   uint64_t seed = 0;
+  // q formats: synthetic calibrated parameters (device copies) and one sink row per sequence.
+  FormatParams params;
+  std::vector<void*> owned;
+  uint16_t* k_sinks = nullptr;
+  uint16_t* v_sinks = nullptr;
+  int32_t* sink_rows = nullptr;
   ~Impl() {
     cudaFree(k_pool);
     cudaFree(v_pool);
     cudaFree(perm_d);
+    for (void* p : owned) cudaFree(p);
+  }
+  template <class T>
+  const T* upload(const std::vector<T>& h) {
+    T* d = dmalloc<T>(h.size());
+    KVPACK_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    owned.push_back(d);
+    return d;
+  }
+  block::QHeadTable upload_q(const QHostParams& q) {
+    block::QHeadTable t;
+    t.mean = upload(q.mean);
+    t.fwd = upload(q.fwd);
+    t.inv = upload(q.inv);
+    t.step = upload(q.step);
+    t.inv_step = upload(q.inv_step);
+    t.rms_weight = upload(q.rms_weight);
+    t.group_bits = upload(q.group_bits);
+    return t;
   }
 };
 
@@ -154,6 +179,21 @@ DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_co
   const size_t pool = size_t(m.num_pages) * m.layout.page_bytes();
   m.k_pool = dmalloc<uint8_t>(pool);
   m.v_pool = dmalloc<uint8_t>(pool);
+  const int sink_tokens = format_info(shape.format).sink_tokens;
+  if (sink_tokens > 0) {
+    m.params.qk = m.upload_q(synthetic_q_params(shape.format, shape.num_kv_heads, shape.head_dim, seed));
+    m.params.qv = m.upload_q(synthetic_q_params(shape.format, shape.num_kv_heads, shape.head_dim, seed + 1));
+    const size_t se = size_t(max_batch) * sink_tokens * shape.num_kv_heads * shape.head_dim;
+    m.k_sinks = dmalloc<uint16_t>(se);
+    m.v_sinks = dmalloc<uint16_t>(se);
+    m.owned.push_back(m.k_sinks);
+    m.owned.push_back(m.v_sinks);
+    random_bf16_kernel<<<(se + 255) / 256, 256>>>(m.k_sinks, se, seed + 5);
+    random_bf16_kernel<<<(se + 255) / 256, 256>>>(m.v_sinks, se, seed + 6);
+    std::vector<int32_t> rows(max_batch);
+    std::iota(rows.begin(), rows.end(), 0);
+    m.sink_rows = const_cast<int32_t*>(m.upload(rows));
+  }
 
   // Fill every token slot through the write path, in chunks.
   const int chunk = 1 << 16;
@@ -178,6 +218,7 @@ DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_co
     a.k_pool = m.k_pool;
     a.v_pool = m.v_pool;
     a.num_pages = m.num_pages;
+    a.params = m.params;
     write_kv(m.layout, a);
   }
   cudaEventRecord(ev.b);
@@ -234,6 +275,8 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   a.out = out;
   a.workspace = ws;
   a.status = status;
+  a.params = m.params;
+  if (m.sink_rows) a.sinks = SinkView{m.k_sinks, m.v_sinks, m.sink_rows, m.max_batch};
   auto launch = [&](int r) {
     a.table = view_of(BlockTable{tables_d + size_t(r) * needed, lens_d, static_cast<int>(ppseq), batch});
     run_decode(plan, a);
@@ -309,6 +352,7 @@ WriteTiming DecodeBench::time_write(int num_tokens, int iters) {
     a.k_pool = m.k_pool;
     a.v_pool = m.v_pool;
     a.num_pages = m.num_pages;
+    a.params = m.params;
     write_kv(m.layout, a);
   };
   for (int r = 0; r < rot; ++r) launch(r);

@@ -82,6 +82,18 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   kp.ws_ml = reinterpret_cast<float2*>(ws + align256(n * s.head_dim * sizeof(float)));
   kp.sem = reinterpret_cast<int*>(ws + align256(n * s.head_dim * sizeof(float)) + align256(n * sizeof(float2)));
 
+  kp.sink_tokens = format_info(s.format).sink_tokens;
+  kp.sink_rows = kp.sink_tokens > 0 ? a.sinks.rows : nullptr;
+  kp.k_sinks = a.sinks.k;
+  kp.v_sinks = a.sinks.v;
+  kp.num_sink_rows = a.sinks.num_rows;
+  KVPACK_CU_CHECK(!kp.sink_rows || (a.sinks.k && a.sinks.v), "run_decode: sinks.rows given without sinks.k / sinks.v");
+  KVPACK_DISPATCH_FORMAT(s.format, P, [&] {
+    if constexpr (P::kQ)
+      KVPACK_CU_CHECK(a.params.qk.valid() && a.params.qv.valid(),
+                      "run_decode: format '{}' needs its calibrated parameters (params.qk and params.qv)",
+                      format_name(s.format));
+  });
   const PagedLayout layout = make_paged_layout(s.format, s.page_size, s.num_kv_heads, s.head_dim);
   kp.head_block_bytes = layout.head_block_bytes;
   auto st = static_cast<cudaStream_t>(stream);

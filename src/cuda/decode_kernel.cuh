@@ -49,7 +49,9 @@ struct Geo {
   static constexpr int kTokPerPass = kThreads / kTPT;
   static constexpr int kSlices = kThreads / kOct;     // token slices in the P.V phase
   static constexpr int kSlicesPerWarp = 32 / kOct;    // reduced with shuffles before shared memory
-  static_assert(kCode % 16 == 0, "codes of a token must be whole 16-byte pieces");
+  // Codes are loaded in 16-byte pieces: whole pieces per token, or (q formats, 31/27/23/63/55/47 bytes) per page
+  // run, which needs a tile's codes to be whole pieces (then no piece crosses a page: pages hold >= 16 tokens).
+  static_assert(kCode % 16 == 0 || (P::kQ && (kTile * kCode) % 16 == 0), "codes must load in 16-byte pieces");
   static_assert(kMeta == 0 || 16 % (kMeta > 0 ? kMeta : 1) == 0 || kMeta % 16 == 0, "metadata pieces must tile 16 bytes");
   static_assert(kChunkTokens % kTile == 0 && kTile % kTokPerPass == 0, "tile must divide the chunk");
 };
@@ -77,6 +79,22 @@ struct DecodeKernelParams {
   int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks;
   int64_t max_context;
   int64_t head_block_bytes;
+  // Sink tokens (formats with format_info().sink_tokens > 0): [rows][sink_tokens][num_kv_heads][D] bf16 pools.
+  const uint16_t* k_sinks;
+  const uint16_t* v_sinks;
+  const int32_t* sink_rows;  // [batch] or null
+  int64_t num_sink_rows;
+  int sink_tokens;           // 0 for formats without sinks
+};
+
+// Per-thread octet state of a format: the q formats' group offset and width (OctetCtx), nothing for the others.
+template <class P, bool = P::kQ>
+struct CtxOf {
+  using type = int;
+};
+template <class P>
+struct CtxOf<P, true> {
+  using type = typename P::OctetCtx;
 };
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
@@ -167,6 +185,9 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
   float* red_s = p_s + kChunkTokens * GMAX;                                           // [kSlices][GMAX][D]
   __shared__ float m_s[GMAX], l_s[GMAX];
   __shared__ int last_s;
+  // q formats: q . mu per head (log2 units) and the 256 per-token scales tau(e) (the block core's decode).
+  __shared__ float c0_s[GMAX];
+  __shared__ float tau_s[P::kQ ? 256 : 1];
 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -189,6 +210,18 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     len = p.max_context;
   }
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
+  // Attention sinks: positions < n_sink come from the exact bf16 sink pool (folded in by the merging CTA) and are
+  // masked out of the chunks.
+  int n_sink = 0;
+  int64_t sink_row = 0;
+  if (p.sink_tokens > 0 && p.sink_rows) {
+    sink_row = p.sink_rows[b];
+    if (sink_row >= 0 && sink_row < p.num_sink_rows) {
+      n_sink = len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens;
+    } else if (sink_row >= p.num_sink_rows) {
+      if (split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 4);
+    }
+  }
 
   // The query, scaled once (softmax scale, log2 e, per-head format scale): never per element of K.
   const float qs = p.qk_scale_log2 * P::q_scale(p.fp, h);
@@ -200,6 +233,27 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     // Keys are stored Hadamard-rotated: rotate the query once instead ((Hq).(Hk) = q.k), one thread per head.
     __syncthreads();
     hadamard_cooperative<GMAX, D>(q_s);
+  }
+  [[maybe_unused]] typename CtxOf<P>::type kctx{}, vctx{};
+  if constexpr (P::kQ) {
+    // q . x^ = q . mu + tau * sum_c ((G^T q)_c s_c / 2) * 2 (k_c - o_c): the transformed query goes to red_s (free
+    // until the first P.V reduction), q . mu to c0_s. Fixed summation order: the same bits in every CTA and plan.
+    __syncthreads();
+    const block::QParams kq = p.fp.qk.head(h, D);
+    for (int i = tid; i < GMAX * D; i += kThreads) {
+      const int g = i / D, c = i % D;
+      float a = 0.f;
+      for (int r = 0; r < D; ++r) a = fmaf(kq.inv[r * D + c], q_s[g * D + r], a);
+      red_s[i] = kq.group_bits[c / 8] ? a * (kq.step[c] * 0.5f) : 0.f;
+    }
+    if (tid < GMAX) {
+      float a = 0.f;
+      for (int r = 0; r < D; ++r) a = fmaf(q_s[tid * D + r], kq.mean[r], a);
+      c0_s[tid] = a;
+    }
+    for (int i = tid; i < 256; i += kThreads) tau_s[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
+    kctx = P::octet_ctx(kq.group_bits, tid % Gm::kOct);
+    vctx = P::octet_ctx(p.fp.qv.head(h, D).group_bits, tid % Gm::kOct);
   }
 
   auto ntiles = [&](int c) {
@@ -291,10 +345,11 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
         qa[ks][hh] = r < p.group && r < GMAX ? P::pack_q(qrow[base + 2 * hh], qrow[base + 2 * hh + 1]) : 0u;
     }
   } else {
+    const float* qsrc = P::kQ ? red_s : q_s;
 #pragma unroll
     for (int g = 0; g < GMAX; ++g)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) qreg[g][i] = q_s[g * D + part * 8 + i];
+      for (int i = 0; i < 8; ++i) qreg[g][i] = qsrc[g * D + part * 8 + i];
   }
   int slot = 0, pslot = p.stages - 1;
   while (cons.c < n_chunks) {
@@ -346,7 +401,8 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
           const uint8_t* mp = meta + tok * Gm::kMeta;
           float s[GMAX];
           float x[8];
-          P::dequant8(rowp, part, mp, x);
+          if constexpr (P::kQ) P::dequant_octet(rowp, kctx, x);
+          else P::dequant8(rowp, part, mp, x);
           // Formats with a scale per octet (int4's group scale) scale the octet's sum once.
           [[maybe_unused]] const float osc = P::octet_scale(mp, part);
   #pragma unroll
@@ -360,8 +416,13 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
           // shuffles instead of log2(kOct) x GMAX); lane part ends with head part / (kOct / GMAX). Fixed order.
           const int head = reduce_scatter<GMAX, Gm::kTPT>(s, part);
           if (part % (Gm::kTPT / GMAX) == 0) {
-            const float ks = P::k_token_scale(mp);
-            p_s[(tloc0 + tok) * GMAX + head] = tok < valid ? s[0] * ks : -INFINITY;
+            if constexpr (P::kQ) {
+              const bool live = tok < valid && chunk0 + tloc0 + tok >= n_sink;
+              p_s[(tloc0 + tok) * GMAX + head] = live ? fmaf(tau_s[mp[0]], s[0], c0_s[head]) : -INFINITY;
+            } else {
+              const float ks = P::k_token_scale(mp);
+              p_s[(tloc0 + tok) * GMAX + head] = tok < valid ? s[0] * ks : -INFINITY;
+            }
           }
         }
       }
@@ -374,8 +435,9 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
 #pragma unroll
           for (int off = 16; off >= 1; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
           float sum = 0.f;
+          const float mref = m == -INFINITY ? 0.f : m;  // a chunk of sink positions only: all weights 0
           for (int t = lane; t < chunk_valid; t += 32) {
-            const float e = exp2f(p_s[t * GMAX + g] - m);
+            const float e = exp2f(p_s[t * GMAX + g] - mref);
             p_s[t * GMAX + g] = e;
             sum += e;
           }
@@ -394,8 +456,14 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
       for (int t = vs; t < valid; t += Gm::kSlices) {
         const uint8_t* mp = meta + t * Gm::kMeta;
         float x[8];
-        P::dequant8(tile + t * Gm::kCode, vo, mp, x);
-        const float vsc = P::kHasOctetScale ? P::v_token_scale(mp) * P::octet_scale(mp, vo) : P::v_token_scale(mp);
+        float vsc;
+        if constexpr (P::kQ) {
+          P::dequant_octet(tile + t * Gm::kCode, vctx, x);
+          vsc = tau_s[mp[0]];
+        } else {
+          P::dequant8(tile + t * Gm::kCode, vo, mp, x);
+          vsc = P::kHasOctetScale ? P::v_token_scale(mp) * P::octet_scale(mp, vo) : P::v_token_scale(mp);
+        }
         const float* pr = p_s + (tloc0 + t) * GMAX;
 #pragma unroll
         for (int g = 0; g < GMAX; ++g) {
@@ -482,12 +550,62 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
       for (int j = 0; j < kBatch; ++j) {
         if (c0 + j >= n_chunks) break;  // fixed order: chunk 0, 1, 2, ... is the definition of the result
         const float mn = fmaxf(m[k], ml[k][j].x);
-        const float sa = exp2f(m[k] - mn), sc = exp2f(ml[k][j].x - mn);
+        const float mr = mn == -INFINITY ? 0.f : mn;  // only sink-masked chunks so far: weights stay 0
+        const float sa = exp2f(m[k] - mr), sc = exp2f(ml[k][j].x - mr);
         l[k] = l[k] * sa + ml[k][j].y * sc;
         o[k] = o[k] * sa + a[k][j] * sc;
         m[k] = mn;
       }
   }
+  if constexpr (P::kQ) {
+    // The chunks' sum is in the transformed domain (units 2 (k - o) p tau): scale by s/2, rotate back with G, add
+    // mu * l, then fold in the sink tokens (exact bf16, model basis) by log-sum-exp. Fixed order throughout.
+    __shared__ float2 mlq_s[GMAX];
+    const block::QParams vq = p.fp.qv.head(h, D);
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) {
+      const int i = tid + k * kThreads;
+      if (i >= npairs) continue;
+      const int g = i / D, c = i % D;
+      o_s[i] = vq.group_bits[c / 8] ? o[k] * (vq.step[c] * 0.5f) : 0.f;
+      if (c == 0) mlq_s[g] = make_float2(m[k], l[k]);
+    }
+    __syncthreads();
+    const int64_t sink_base = sink_row * p.sink_tokens;
+    for (int i = tid; i < npairs; i += kThreads) {
+      const int g = i / D, r = i % D;
+      const float2 ml = mlq_s[g];
+      float u = vq.mean[r] * ml.y;
+      const float* grow = vq.inv + r * D;
+      for (int c = 0; c < D; ++c) u = fmaf(grow[c], o_s[g * D + c], u);
+      float ssc[kSinkTokens];
+      float mt = ml.x;
+#pragma unroll
+      for (int j = 0; j < kSinkTokens; ++j) {
+        ssc[j] = -INFINITY;
+        if (j >= n_sink) continue;
+        const uint16_t* ks = p.k_sinks + ((sink_base + j) * H + h) * D;
+        float a = 0.f;
+        for (int d = 0; d < D; ++d) a = fmaf(q_s[g * D + d], bf16_to_f32(ks[d]), a);
+        ssc[j] = a;
+        mt = fmaxf(mt, a);
+      }
+      const float mr = mt == -INFINITY ? 0.f : mt;
+      const float f = exp2f(ml.x - mr);
+      float lt = ml.y * f, ut = u * f;
+#pragma unroll
+      for (int j = 0; j < kSinkTokens; ++j) {
+        if (j >= n_sink) continue;
+        const float e = exp2f(ssc[j] - mr);
+        lt += e;
+        ut = fmaf(e, bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + r]), ut);
+      }
+      const int qh = h * p.group + g;
+      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? ut / lt * os : 0.f);
+      if (p.lse && r == 0)
+        p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (mt + log2f(lt)) * 0.69314718055994530942f : -INFINITY;
+    }
+  } else {
 #pragma unroll
   for (int k = 0; k < kPairs; ++k) {
     const int i = tid + k * kThreads;
@@ -509,6 +627,7 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     for (int i = tid; i < p.group * D; i += kThreads)
       p.out[(int64_t{b} * p.num_qo_heads + h * p.group) * D + i] = f32_to_bf16(o_s[i]);
   }
+  }  // !kQ
 }
 
 // Raising the dynamic shared-memory limit is a host-side attribute, not a stream operation: done once per
@@ -571,10 +690,16 @@ extern template int ctas_per_sm_format<Bf16Policy>(int, int, int);
 extern template int ctas_per_sm_format<Fp8Policy>(int, int, int);
 extern template int ctas_per_sm_format<Int4Policy<false>>(int, int, int);
 extern template int ctas_per_sm_format<Int4Policy<true>>(int, int, int);
+extern template int ctas_per_sm_format<QPolicy<8>>(int, int, int);
+extern template int ctas_per_sm_format<QPolicy<7>>(int, int, int);
+extern template int ctas_per_sm_format<QPolicy<6>>(int, int, int);
 extern template void launch_decode_format<Bf16Policy>(const DecodeKernelParams&, int, int, cudaStream_t);
 extern template void launch_decode_format<Fp8Policy>(const DecodeKernelParams&, int, int, cudaStream_t);
 extern template void launch_decode_format<Int4Policy<false>>(const DecodeKernelParams&, int, int, cudaStream_t);
 extern template void launch_decode_format<Int4Policy<true>>(const DecodeKernelParams&, int, int, cudaStream_t);
+extern template void launch_decode_format<QPolicy<8>>(const DecodeKernelParams&, int, int, cudaStream_t);
+extern template void launch_decode_format<QPolicy<7>>(const DecodeKernelParams&, int, int, cudaStream_t);
+extern template void launch_decode_format<QPolicy<6>>(const DecodeKernelParams&, int, int, cudaStream_t);
 
 }  // namespace cuda_detail
 }  // namespace kvpack

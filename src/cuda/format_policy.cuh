@@ -55,6 +55,7 @@ struct Bf16Policy {
   static constexpr bool kHasOctetScale = false, kRotate = false, kVectorEncode = false;
   static constexpr int kEncodeElems = 0;  // plain copies (encode8), no slice encoder
   static constexpr bool kMmaK = true;      // scores on tensor cores (bf16 mma), v6: all GPU tests pass on the H200
+  static constexpr bool kQ = false;        // not a calibrated q format (QPolicy)
   __device__ __forceinline__ static int mma_dim_base(int ks, int t4) { return mma_dim_base_e<8>(ks, t4); }
   __device__ __forceinline__ static uint32_t pack_q(uint16_t lo, uint16_t hi) { return lo | (uint32_t(hi) << 16); }
   __device__ __forceinline__ static void mma(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
@@ -106,6 +107,7 @@ struct Fp8Policy {
   static constexpr Format kFormat = Format::fp8;
   static constexpr bool kHasOctetScale = false, kRotate = false, kVectorEncode = true;
   static constexpr bool kMmaK = true;   // tensor-core scores (e4m3 -> f16 exact), v6: all GPU tests pass
+  static constexpr bool kQ = false;
   static constexpr int code_bytes(int D) { return block::block_layout(Format::fp8, D).code_bytes; }
   __device__ __forceinline__ static int mma_dim_base(int ks, int t4) { return mma_dim_base_e<16>(ks, t4); }
   __device__ __forceinline__ static uint32_t pack_q(uint16_t lo, uint16_t hi) {
@@ -182,6 +184,7 @@ struct Int4Policy {
   static constexpr Format kFormat = Rotate ? Format::int4h : Format::int4;
   static constexpr bool kHasOctetScale = true, kRotate = Rotate, kVectorEncode = true;
   static constexpr bool kMmaK = false;  // CUDA-core scores (a group scale per 32 elements; tensor path not done)
+  static constexpr bool kQ = false;
   __device__ __forceinline__ static int mma_dim_base(int, int) { return 0; }
   __device__ __forceinline__ static uint32_t pack_q(uint16_t, uint16_t) { return 0; }
   __device__ __forceinline__ static void mma(float (&)[4], uint32_t, uint32_t, uint32_t, uint32_t) {}
@@ -227,6 +230,77 @@ struct Int4Policy {
   }
 };
 
+// q4 / q3.5 / q3 (block::QBlock): per (layer, kv head) a static transform, per group of 8 channels a run-time bit
+// width b (0..8) and per token one scale byte tau. In the decode kernel a thread owns one octet (= one group) for
+// its whole life, so b, the group's byte offset and mask are per-thread constants (OctetCtx) and a token's group is
+// three 32-bit shared loads + a funnel shift; every element is then (code << 1) - (2^b - 1) = 2 (k - o) turned into
+// fp32 with the 1.5 * 2^23 magic number (2 integer-ish ops, no I2F). The factor 1/2, the steps and G^T fold into the
+// query (keys) and into the output (values); tau multiplies the score and the probability; q . mu is one constant
+// per head. So the inner loop is the same FMA loop as every other format's.
+template <int BitsX2>
+struct QPolicy {
+  static constexpr Format kFormat = BitsX2 == 8 ? Format::q4 : BitsX2 == 7 ? Format::q3_5 : Format::q3;
+  static constexpr bool kHasOctetScale = false, kRotate = false, kVectorEncode = true;
+  static constexpr bool kMmaK = false;
+  static constexpr bool kQ = true;
+  static constexpr int kEncodeElems = 0;
+  static constexpr int code_bytes(int D) { return block::block_layout(kFormat, D).code_bytes; }
+  static constexpr int meta_bytes(int D) { return block::block_layout(kFormat, D).meta_bytes; }
+  __device__ __forceinline__ static int mma_dim_base(int, int) { return 0; }
+  __device__ __forceinline__ static uint32_t pack_q(uint16_t, uint16_t) { return 0; }
+  __device__ __forceinline__ static void mma(float (&)[4], uint32_t, uint32_t, uint32_t, uint32_t) {}
+  template <int D>
+  __device__ __forceinline__ static void mma_b(const uint8_t*, int, uint32_t (&)[D / 16][2]) {}
+  template <int D>
+  using Block = block::QBlock<D, BitsX2>;
+
+  struct OctetCtx {
+    int off = 0;       // first code byte of the group in the token's codes
+    int bits = 0;      // 0..8
+    uint32_t mask = 0; // (1 << bits) - 1
+  };
+  __device__ __forceinline__ static OctetCtx octet_ctx(const uint8_t* group_bits, int octet) {
+    OctetCtx c;
+    for (int g = 0; g < octet; ++g) c.off += group_bits[g];
+    c.bits = group_bits[octet];
+    c.mask = (1u << c.bits) - 1u;
+    return c;
+  }
+  // out[i] = 2 * (k_i - o) exactly, for the group's 8 channels (0 for a 0-bit group). Reads up to 11 bytes past
+  // the group's first byte (inside the shared-memory stage: codes are followed by the metadata area).
+  __device__ __forceinline__ static void dequant_octet(const uint8_t* row, const OctetCtx& c, float out[8]) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(row + c.off);
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+    const uint32_t sh = static_cast<uint32_t>(a & 3u) * 8u;
+    const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
+    const uint64_t v = uint64_t(__funnelshift_r(w0, w1, sh)) | (uint64_t(__funnelshift_r(w1, w2, sh)) << 32);
+    const int top = static_cast<int>(c.mask);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int k = static_cast<int>((v >> (c.bits * i)) & c.mask);
+      // 1.5 * 2^23 + t as a float bit pattern, minus 1.5 * 2^23: exactly t for |t| < 2^22.
+      out[i] = c.bits ? __int_as_float(0x4B400000 + 2 * k - top) - 12582912.0f : 0.0f;
+    }
+  }
+  // Unused by the q path of the kernels (they call dequant_octet); present so generic code compiles.
+  __device__ __forceinline__ static void dequant8(const uint8_t*, int, const uint8_t*, float out[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = 0.f;
+  }
+  __device__ __forceinline__ static float octet_scale(const uint8_t*, int) { return 1.f; }
+  __device__ __forceinline__ static float k_token_scale(const uint8_t*) { return 1.f; }
+  __device__ __forceinline__ static float v_token_scale(const uint8_t*) { return 1.f; }
+  __device__ __forceinline__ static float q_scale(const FormatParams&, int) { return 1.f; }
+  __device__ __forceinline__ static float out_scale(const FormatParams&, int) { return 1.f; }
+  template <int D>
+  __device__ __forceinline__ static void encode_vec(const float* x, uint8_t* codes, uint8_t* meta,
+                                                    const FormatParams& p, int h, bool is_v) {
+    Block<D>::encode((is_v ? p.qv : p.qk).head(h, D), x, codes, meta);
+  }
+  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, const FormatParams&, int,
+                                                      bool) {}
+};
+
 // nvcc 13's front end cannot evaluate fmt 9's consteval format-string check ("did not produce a valid constant
 // expression"), so .cu files check with runtime format strings through this macro instead of KVPACK_CHECK.
 #define KVPACK_CU_CHECK(cond, f, ...)                                         \
@@ -259,6 +333,18 @@ struct Int4Policy {
       }                                                                                   \
       case ::kvpack::Format::int4h: {                                                     \
         using Policy = ::kvpack::cuda_detail::Int4Policy<true>;                           \
+        return __VA_ARGS__();                                                             \
+      }                                                                                   \
+      case ::kvpack::Format::q4: {                                                        \
+        using Policy = ::kvpack::cuda_detail::QPolicy<8>;                                 \
+        return __VA_ARGS__();                                                             \
+      }                                                                                   \
+      case ::kvpack::Format::q3_5: {                                                      \
+        using Policy = ::kvpack::cuda_detail::QPolicy<7>;                                 \
+        return __VA_ARGS__();                                                             \
+      }                                                                                   \
+      case ::kvpack::Format::q3: {                                                        \
+        using Policy = ::kvpack::cuda_detail::QPolicy<6>;                                 \
         return __VA_ARGS__();                                                             \
       }                                                                                   \
       default:                                                                            \

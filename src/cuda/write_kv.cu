@@ -50,7 +50,7 @@ __global__ void write_kv_vec_kernel(const uint16_t* __restrict__ k, const uint16
                                     int64_t head_block_bytes, int64_t num_pages, uint8_t* __restrict__ k_pool,
                                     uint8_t* __restrict__ v_pool, FormatParams params, int32_t* status) {
   constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D);
-  static_assert(kCode % 16 == 0 && (kMeta == 0 || kMeta % 4 == 0), "codes in 16-byte pieces, metadata in words");
+  static_assert(P::kQ || (kCode % 16 == 0 && (kMeta == 0 || kMeta % 4 == 0)), "codes in 16-byte pieces, metadata in words");
   const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (idx >= int64_t{num_tokens} * num_kv_heads * 2) return;
   const int kv = static_cast<int>(idx % 2);
@@ -79,6 +79,14 @@ __global__ void write_kv_vec_kernel(const uint16_t* __restrict__ k, const uint16
   __align__(16) uint8_t codes[kCode + (kMeta > 0 ? kMeta : 4)];
   P::template encode_vec<D>(x, codes, codes + kCode, params, head, kv == 1);
   uint8_t* block = (kv ? v_pool : k_pool) + (page * num_kv_heads + head) * head_block_bytes;
+  if constexpr (P::kQ) {
+    // q codes are 31/27/23/63/55/47 bytes: unaligned, written bytewise (the block core's bytes as they are).
+    uint8_t* dst = block + int64_t{off} * kCode;
+#pragma unroll
+    for (int i = 0; i < kCode; ++i) dst[i] = codes[i];
+    block[int64_t{page_size} * kCode + int64_t{off} * kMeta] = codes[kCode];
+    return;
+  }
   uint4* dst = reinterpret_cast<uint4*>(block + int64_t{off} * kCode);
 #pragma unroll
   for (int i = 0; i < kCode / 16; ++i) dst[i] = reinterpret_cast<const uint4*>(codes)[i];
@@ -133,6 +141,47 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
                   kv == 1);
 }
 
+// Sink tokens: one thread per (token, kv head, K/V, 16-byte piece) copies the bf16 vector to its sink slot.
+__global__ void write_sinks_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                                   const int32_t* __restrict__ sink_slots, int num_tokens, int num_kv_heads,
+                                   int head_dim, int64_t num_sink_slots, uint16_t* __restrict__ k_sinks,
+                                   uint16_t* __restrict__ v_sinks, int32_t* status) {
+  const int pieces = head_dim / 8;
+  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (idx >= int64_t{num_tokens} * num_kv_heads * 2 * pieces) return;
+  const int piece = static_cast<int>(idx % pieces);
+  int64_t r = idx / pieces;
+  const int kv = static_cast<int>(r % 2);
+  r /= 2;
+  const int head = static_cast<int>(r % num_kv_heads);
+  const int64_t tok = r / num_kv_heads;
+  const int64_t slot = sink_slots[tok];
+  if (slot < 0) return;
+  if (slot >= num_sink_slots) {
+    if (status) atomicOr(status, 4);
+    return;
+  }
+  const uint4* src = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * head_dim) + piece;
+  uint4* dst = reinterpret_cast<uint4*>((kv ? v_sinks : k_sinks) + (slot * num_kv_heads + head) * head_dim) + piece;
+  *dst = *src;
+}
+
+// q formats: one thread per stored token vector through the block core's decoder (model basis).
+template <class P, int D>
+__global__ void dequant_pages_q_kernel(const uint8_t* __restrict__ pool, int64_t num_pages, int num_kv_heads,
+                                       int page_size, int64_t head_block_bytes, bool is_v, FormatParams params,
+                                       float* __restrict__ out) {
+  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (idx >= num_pages * num_kv_heads * page_size) return;
+  const int off = static_cast<int>(idx % page_size);
+  const int64_t r = idx / page_size;  // page * num_kv_heads + head
+  const int head = static_cast<int>(r % num_kv_heads);
+  const uint8_t* block = pool + r * head_block_bytes;
+  P::template Block<D>::decode((is_v ? params.qv : params.qk).head(head, D), block + int64_t{off} * P::code_bytes(D),
+                               block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D),
+                               out + idx * D);
+}
+
 template <class P, int D>
 __global__ void dequant_pages_kernel(const uint8_t* __restrict__ pool, int64_t num_pages, int num_kv_heads,
                                      int page_size, int64_t head_block_bytes, bool is_v, FormatParams params,
@@ -174,7 +223,18 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
   KVPACK_CU_CHECK(a.k_pool && a.v_pool, "write_kv: null K or V page pool");
   KVPACK_CU_CHECK(a.num_pages > 0, "write_kv: num_pages {} must be > 0", a.num_pages);
   const int threads = 128;
+  const int sink_tokens = format_info(l.format).sink_tokens;
+  if (a.sink_slot_mapping) {
+    KVPACK_CU_CHECK(sink_tokens > 0, "write_kv: format '{}' keeps no sink tokens, but sink_slot_mapping was given",
+                    format_name(l.format));
+    KVPACK_CU_CHECK(a.k_sinks && a.v_sinks && a.num_sink_rows > 0,
+                    "write_kv: sink_slot_mapping needs k_sinks, v_sinks and num_sink_rows > 0");
+  }
   KVPACK_DISPATCH_FORMAT(l.format, P, [&] {
+    if constexpr (P::kQ)
+      KVPACK_CU_CHECK(a.params.qk.valid() && a.params.qv.valid(),
+                      "write_kv: format '{}' needs its calibrated parameters (params.qk and params.qv)",
+                      format_name(l.format));
     KVPACK_CU_CHECK(P::code_bytes(l.head_dim) == l.code_bytes_per_token && P::meta_bytes(l.head_dim) == l.meta_bytes_per_token,
                  "write_kv: layout token bytes ({} + {}) disagree with the kernel's format '{}'",
                  l.code_bytes_per_token, l.meta_bytes_per_token, format_name(l.format));
@@ -202,6 +262,12 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
       }
     });
   });
+  if (a.sink_slot_mapping) {
+    const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2 * (l.head_dim / 8);
+    write_sinks_kernel<<<dim3(static_cast<unsigned>((total + 255) / 256)), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        a.k, a.v, a.sink_slot_mapping, a.num_tokens, l.num_kv_heads, l.head_dim, a.num_sink_rows * sink_tokens,
+        a.k_sinks, a.v_sinks, a.status);
+  }
   KVPACK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -214,6 +280,15 @@ void dequantize_pages(const PagedLayout& l, const uint8_t* pool, int64_t num_pag
   const int64_t blocks = (total + threads - 1) / threads;
   KVPACK_DISPATCH_FORMAT(l.format, P, [&] {
     KVPACK_DISPATCH_HEAD_DIM(l.head_dim, D, [&] {
+      if constexpr (P::kQ) {
+        KVPACK_CU_CHECK((is_v ? params.qv : params.qk).valid(), "dequantize_pages: format '{}' needs params.{}",
+                        format_name(l.format), is_v ? "qv" : "qk");
+        const int64_t n = num_pages * l.num_kv_heads * l.page_size;
+        dequant_pages_q_kernel<P, D><<<dim3(static_cast<unsigned>((n + 127) / 128)), 128, 0,
+                                       static_cast<cudaStream_t>(stream)>>>(
+            pool, num_pages, l.num_kv_heads, l.page_size, l.head_block_bytes, is_v, params, out);
+        return;
+      }
       dequant_pages_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
                                    static_cast<cudaStream_t>(stream)>>>(pool, num_pages, l.num_kv_heads, l.page_size,
                                                                         l.head_block_bytes, is_v, params, out);

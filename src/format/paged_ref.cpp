@@ -22,21 +22,18 @@ struct TokenBytes {
 
 // Bytes per token vector of each format the paged cache supports. One table answers both "supported?" and "how
 // big" (STYLE: one dispatch point per axis).
-// Sizes come from the formats' block table (include/kvpack/block/layout.h); the q* formats are not in the paged
-// kernels yet (their variable per-group bit widths need a kernel-friendly layout first, see docs/FORMATS.md).
+// Sizes come from the formats' block table (include/kvpack/block/layout.h): every format is in the paged cache.
 bool token_bytes(Format f, int head_dim, TokenBytes& tb) {
-  switch (f) {
-    case Format::bf16:
-    case Format::fp8:
-    case Format::int4:
-    case Format::int4h: {
-      const auto bl = block::block_layout(f, head_dim);
-      tb = {bl.code_bytes, bl.meta_bytes};
-      return bl.code_bytes > 0;
-    }
-    default:
-      return false;
-  }
+  const auto bl = block::block_layout(f, head_dim);
+  tb = {bl.code_bytes, bl.meta_bytes};
+  return bl.code_bytes > 0;
+}
+
+const block::QHeadTable& q_table(const FormatParams& p, bool is_v, Format f) {
+  const block::QHeadTable& t = is_v ? p.qv : p.qk;
+  KVPACK_CHECK(t.valid(), "paged cache: format '{}' needs its {} parameters (FormatParams::{}) and got none",
+               format_name(f), is_v ? "V" : "K", is_v ? "qv" : "qk");
+  return t;
 }
 
 float head_scale(const FormatParams& p, int head, bool is_v) {
@@ -138,6 +135,9 @@ void encode_token_ref_d(const PagedLayout& l, const float* x, uint8_t* codes, ui
     case Format::fp8: block::Fp8Block<D>::encode(x, head_scale(p, head, is_v), codes); return;
     case Format::int4: block::Int4Block<D, false>::encode(x, codes, meta); return;
     case Format::int4h: block::Int4Block<D, true>::encode(x, codes, meta); return;
+    case Format::q4: block::Q4Block<D>::encode(q_table(p, is_v, l.format).head(head, D), x, codes, meta); return;
+    case Format::q3_5: block::Q35Block<D>::encode(q_table(p, is_v, l.format).head(head, D), x, codes, meta); return;
+    case Format::q3: block::Q3Block<D>::encode(q_table(p, is_v, l.format).head(head, D), x, codes, meta); return;
     default: fail("paged_write_ref: format '{}' not supported", format_name(l.format));
   }
 }
@@ -153,6 +153,9 @@ void encode_token_ref(const PagedLayout& l, const uint16_t* x, uint8_t* codes, u
     case Format::fp8:
     case Format::int4:
     case Format::int4h:
+    case Format::q4:
+    case Format::q3_5:
+    case Format::q3:
       if (l.head_dim == 64) encode_token_ref_d<64>(l, xf, codes, meta, head, is_v, p);
       else encode_token_ref_d<128>(l, xf, codes, meta, head, is_v, p);
       return;
@@ -198,6 +201,10 @@ void dequant_d(const PagedLayout& l, const uint8_t* codes, const uint8_t* meta, 
       if (stored_basis) block::Int4Block<D, true>::decode_rotated(codes, meta, out);
       else block::Int4Block<D, true>::decode(codes, meta, out);
       return;
+    // q formats: always the model's basis (the kernels' dequantiser returns it too).
+    case Format::q4: block::Q4Block<D>::decode(q_table(p, is_v, l.format).head(h, D), codes, meta, out); return;
+    case Format::q3_5: block::Q35Block<D>::decode(q_table(p, is_v, l.format).head(h, D), codes, meta, out); return;
+    case Format::q3: block::Q3Block<D>::decode(q_table(p, is_v, l.format).head(h, D), codes, meta, out); return;
     default: fail("dequant_token_ref: format '{}' not supported", format_name(l.format));
   }
 }
@@ -212,6 +219,9 @@ void dequant_token_ref(const PagedLayout& l, const uint8_t* pool, int64_t page, 
     case Format::fp8:
     case Format::int4:
     case Format::int4h:
+    case Format::q4:
+    case Format::q3_5:
+    case Format::q3:
       if (l.head_dim == 64) dequant_d<64>(l, codes, meta, h, is_v, p, out, stored_basis);
       else dequant_d<128>(l, codes, meta, h, is_v, p, out, stored_basis);
       return;
@@ -230,7 +240,7 @@ void dequant_token_ref(const PagedLayout& l, const uint8_t* pool, int64_t page, 
 
 void decode_attention_ref(const PagedLayout& l, const uint8_t* k_pool, const uint8_t* v_pool, const PageTableView& t,
                           const uint16_t* q, int num_qo_heads, double sm_scale, const FormatParams& params,
-                          double* out, double* lse, bool fp32) {
+                          double* out, double* lse, bool fp32, const SinkView* sinks) {
   const int D = l.head_dim;
   KVPACK_CHECK(num_qo_heads % l.num_kv_heads == 0, "decode_attention_ref: {} query heads not a multiple of {} kv heads",
                num_qo_heads, l.num_kv_heads);
@@ -241,7 +251,18 @@ void decode_attention_ref(const PagedLayout& l, const uint8_t* k_pool, const uin
     for (int h = 0; h < l.num_kv_heads; ++h) {
       // Dequantise this (sequence, head) once.
       std::vector<float> K(size_t(n) * D), V(size_t(n) * D);
+      const int n_sink_fmt = format_info(l.format).sink_tokens;
+      const bool has_sinks = n_sink_fmt > 0 && sinks && sinks->rows && sinks->rows[b] >= 0 &&
+                             sinks->rows[b] < sinks->num_rows;
       for (int64_t i = 0; i < n; ++i) {
+        if (has_sinks && i < n_sink_fmt) {  // attention sink: stored exactly
+          const int64_t at = ((int64_t{sinks->rows[b]} * n_sink_fmt + i) * l.num_kv_heads + h) * D;
+          for (int d = 0; d < D; ++d) {
+            K[i * D + d] = bf16_to_f32(sinks->k[at + d]);
+            V[i * D + d] = bf16_to_f32(sinks->v[at + d]);
+          }
+          continue;
+        }
         int64_t page = page_of(t, b, i / l.page_size);
         dequant_token_ref(l, k_pool, page, h, static_cast<int>(i % l.page_size), false, params, &K[i * D]);
         dequant_token_ref(l, v_pool, page, h, static_cast<int>(i % l.page_size), true, params, &V[i * D]);

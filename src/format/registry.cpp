@@ -6,9 +6,6 @@
 
 namespace kvpack {
 namespace {
-// Number of first tokens per sequence kept in bf16 by kvpack's own formats (attention sinks).
-constexpr int kSinkTokens = 4;
-
 constexpr std::array<FormatInfo, 7> kFormats{{
     {Format::bf16, "bf16", 16.0, 0, false, true, "bf16 reference cache"},
     {Format::fp8, "fp8", 8.0, 0, true, true, "e4m3, static calibrated scale per (layer, kv head, K/V)"},

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -73,11 +74,27 @@ struct PagedBatch {
   std::vector<uint16_t> k, v;                           // [tokens][heads][D] bf16
   std::vector<uint8_t> k_pool, v_pool;                  // CPU reference pools
   std::vector<float> k_scale, v_scale;                  // per-kv-head format scales (fp8), empty = none
+  std::optional<QHostParams> qk, qv;                    // q formats: synthetic calibrated parameters
+  // Sink tokens (formats that keep them): pools [rows][kSinkTokens][heads][D], sequence b in row sink_rows[b]
+  // (rows in reverse order, so a wrong row index reads another sequence's sinks).
+  std::vector<uint16_t> k_sinks, v_sinks;
+  std::vector<int32_t> sink_rows, sink_slots;           // sink_slots: per token of `slots`, row*4+pos or -1
   FormatParams host_params() const {
     FormatParams p;
     if (!k_scale.empty()) p.k_scale = k_scale.data();
     if (!v_scale.empty()) p.v_scale = v_scale.data();
+    if (qk) p.qk = qk->table();
+    if (qv) p.qv = qv->table();
     return p;
+  }
+  SinkView host_sinks() const {
+    SinkView s;
+    if (sink_rows.empty()) return s;
+    s.k = k_sinks.data();
+    s.v = v_sinks.data();
+    s.rows = sink_rows.data();
+    s.num_rows = static_cast<int64_t>(sink_rows.size());
+    return s;
   }
 
   int64_t total_tokens() const { return std::accumulate(lens.begin(), lens.end(), int64_t{0}); }
@@ -102,6 +119,10 @@ inline PagedBatch make_batch(const PagedLayout& layout, const std::vector<int64_
       pb.k_scale.push_back(sd(rng));
       pb.v_scale.push_back(sd(rng));
     }
+  }
+  if (format_info(layout.format).sink_tokens > 0) {
+    pb.qk = synthetic_q_params(layout.format, layout.num_kv_heads, layout.head_dim, rng());
+    pb.qv = synthetic_q_params(layout.format, layout.num_kv_heads, layout.head_dim, rng());
   }
   pb.lens = lens;
   const int P = layout.page_size;
@@ -129,6 +150,27 @@ inline PagedBatch make_batch(const PagedLayout& layout, const std::vector<int64_
   const size_t elems = size_t(pb.total_tokens()) * layout.num_kv_heads * layout.head_dim;
   pb.k = random_bf16(elems, rng);
   pb.v = random_bf16(elems, rng);
+  const int ST = format_info(layout.format).sink_tokens;
+  if (ST > 0) {
+    const int B = static_cast<int>(lens.size());
+    const size_t tok_elems = size_t(layout.num_kv_heads) * layout.head_dim;
+    pb.k_sinks = random_bf16(size_t(B) * ST * tok_elems, rng);  // rows of short sequences keep random junk
+    pb.v_sinks = random_bf16(size_t(B) * ST * tok_elems, rng);
+    int64_t t0 = 0;
+    for (int b = 0; b < B; ++b) {
+      const int row = B - 1 - b;
+      pb.sink_rows.push_back(row);
+      for (int64_t t = 0; t < lens[b]; ++t) {
+        const bool sink = t < ST;
+        pb.sink_slots.push_back(sink ? row * ST + static_cast<int32_t>(t) : -1);
+        if (sink) {
+          std::copy_n(pb.k.begin() + (t0 + t) * tok_elems, tok_elems, pb.k_sinks.begin() + (size_t(row) * ST + t) * tok_elems);
+          std::copy_n(pb.v.begin() + (t0 + t) * tok_elems, tok_elems, pb.v_sinks.begin() + (size_t(row) * ST + t) * tok_elems);
+        }
+      }
+      t0 += lens[b];
+    }
+  }
   pb.k_pool.assign(size_t(pb.num_pages * layout.page_bytes()), 0xA5);  // poison: unwritten bytes stay visible
   pb.v_pool.assign(size_t(pb.num_pages * layout.page_bytes()), 0xA5);
   if (write_ref)
@@ -137,20 +179,64 @@ inline PagedBatch make_batch(const PagedLayout& layout, const std::vector<int64_
   return pb;
 }
 
-// Device mirror of a PagedBatch's pools and tables.
-struct DevBatch {
-  DevBuf<uint8_t> k_pool, v_pool;
-  DevBuf<int32_t> indptr, indices, last_page_len, block_table, seq_lens;
+// Device copy of q-format parameters.
+struct DevQ {
+  DevBuf<float> mean, fwd, inv, step, inv_step, rms_weight;
+  DevBuf<uint8_t> group_bits;
+  explicit DevQ(const QHostParams& q)
+      : mean(q.mean), fwd(q.fwd), inv(q.inv), step(q.step), inv_step(q.inv_step), rms_weight(q.rms_weight),
+        group_bits(q.group_bits) {}
+  block::QHeadTable table() const {
+    block::QHeadTable t;
+    t.mean = mean.p;
+    t.fwd = fwd.p;
+    t.inv = inv.p;
+    t.step = step.p;
+    t.inv_step = inv_step.p;
+    t.rms_weight = rms_weight.p;
+    t.group_bits = group_bits.p;
+    return t;
+  }
+};
+
+// Device copy of a PagedBatch's format parameters (what WriteArgs/DecodeArgs::params take).
+struct DevParams {
   DevBuf<float> k_scale, v_scale;
-  explicit DevBatch(const PagedBatch& pb)
-      : k_pool(pb.k_pool), v_pool(pb.v_pool), indptr(pb.indptr), indices(pb.indices),
-        last_page_len(pb.last_page_len), block_table(pb.block_table), seq_lens(pb.seq_lens), k_scale(pb.k_scale),
-        v_scale(pb.v_scale) {}
+  std::optional<DevQ> qk, qv;
+  explicit DevParams(const PagedBatch& pb) : k_scale(pb.k_scale), v_scale(pb.v_scale) {
+    if (pb.qk) qk.emplace(*pb.qk);
+    if (pb.qv) qv.emplace(*pb.qv);
+  }
   FormatParams params() const {
     FormatParams p;
     if (k_scale.n) p.k_scale = k_scale.p;
     if (v_scale.n) p.v_scale = v_scale.p;
+    if (qk) p.qk = qk->table();
+    if (qv) p.qv = qv->table();
     return p;
+  }
+};
+
+// Device mirror of a PagedBatch's pools and tables.
+struct DevBatch {
+  DevBuf<uint8_t> k_pool, v_pool;
+  DevBuf<int32_t> indptr, indices, last_page_len, block_table, seq_lens;
+  DevParams fp;
+  DevBuf<uint16_t> k_sinks, v_sinks;
+  DevBuf<int32_t> sink_rows;
+  explicit DevBatch(const PagedBatch& pb)
+      : k_pool(pb.k_pool), v_pool(pb.v_pool), indptr(pb.indptr), indices(pb.indices),
+        last_page_len(pb.last_page_len), block_table(pb.block_table), seq_lens(pb.seq_lens), fp(pb),
+        k_sinks(pb.k_sinks), v_sinks(pb.v_sinks), sink_rows(pb.sink_rows) {}
+  FormatParams params() const { return fp.params(); }
+  SinkView sinks() const {
+    SinkView s;
+    if (!sink_rows.n) return s;
+    s.k = k_sinks.p;
+    s.v = v_sinks.p;
+    s.rows = sink_rows.p;
+    s.num_rows = static_cast<int64_t>(sink_rows.n);
+    return s;
   }
   PageTableView csr_view(int batch) const {
     return view_of(CsrPageTable{indptr.p, indices.p, last_page_len.p, batch});

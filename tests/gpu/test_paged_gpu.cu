@@ -33,17 +33,20 @@ TEST(PagedWriteGpu, ByteExactVsCpuEncoder) {
           std::vector<int32_t> slots = pb.slots;
           std::vector<uint16_t> k = pb.k, v = pb.v;
           const size_t tok_elems = size_t(H) * D;
-          std::vector<int32_t> slots2;
+          std::vector<int32_t> slots2, sinks2;
           std::vector<uint16_t> k2, v2;
+          const bool has_sinks = !pb.sink_slots.empty();
           for (size_t i = 0; i < slots.size(); ++i) {
             if (i % 7 == 3) {  // a padding token with garbage data
               slots2.push_back(-1);
+              sinks2.push_back(-1);
               for (size_t e = 0; e < tok_elems; ++e) {
                 k2.push_back(0x7fc0);
                 v2.push_back(0x7fc0);
               }
             }
             slots2.push_back(slots[i]);
+            sinks2.push_back(has_sinks ? pb.sink_slots[i] : -1);
             k2.insert(k2.end(), k.begin() + i * tok_elems, k.begin() + (i + 1) * tok_elems);
             v2.insert(v2.end(), v.begin() + i * tok_elems, v.begin() + (i + 1) * tok_elems);
           }
@@ -51,11 +54,28 @@ TEST(PagedWriteGpu, ByteExactVsCpuEncoder) {
           kp.fill_bytes(0xA5);
           vp.fill_bytes(0xA5);
           DevBuf<uint16_t> dk(k2), dv(v2);
-          DevBuf<int32_t> ds(slots2), status(std::vector<int32_t>{0});
-          DevBuf<float> ksc(pb.k_scale), vsc(pb.v_scale);
+          DevBuf<int32_t> ds(slots2), status(std::vector<int32_t>{0}), dsink(sinks2);
+          DevParams dp(pb);
           WriteArgs a;
-          if (ksc.n) a.params.k_scale = ksc.p;
-          if (vsc.n) a.params.v_scale = vsc.p;
+          a.params = dp.params();
+          // Sink pools: poisoned, then only the sink slots of the batch written (compared with the expected pool).
+          const size_t sink_elems = pb.k_sinks.size();
+          DevBuf<uint16_t> ksk(sink_elems), vsk(sink_elems);
+          std::vector<uint16_t> exp_k(sink_elems, 0xA5A5), exp_v(sink_elems, 0xA5A5);
+          if (has_sinks) {
+            ksk.fill_bytes(0xA5);
+            vsk.fill_bytes(0xA5);
+            const size_t te = size_t(H) * D;
+            for (size_t i = 0; i < pb.sink_slots.size(); ++i) {
+              if (pb.sink_slots[i] < 0) continue;
+              std::copy_n(pb.k.begin() + i * te, te, exp_k.begin() + size_t(pb.sink_slots[i]) * te);
+              std::copy_n(pb.v.begin() + i * te, te, exp_v.begin() + size_t(pb.sink_slots[i]) * te);
+            }
+            a.sink_slot_mapping = dsink.p;
+            a.k_sinks = ksk.p;
+            a.v_sinks = vsk.p;
+            a.num_sink_rows = static_cast<int64_t>(pb.sink_rows.size());
+          }
           a.k = dk.p;
           a.v = dv.p;
           a.slot_mapping = ds.p;
@@ -68,6 +88,10 @@ TEST(PagedWriteGpu, ByteExactVsCpuEncoder) {
           CUDA_OK(cudaDeviceSynchronize());
           EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size()));
           EXPECT_TRUE(bits_equal(vp.download().data(), pb.v_pool.data(), pb.v_pool.size()));
+          if (has_sinks) {
+            EXPECT_EQ(ksk.download(), exp_k);
+            EXPECT_EQ(vsk.download(), exp_v);
+          }
           EXPECT_EQ(status.download()[0], 0);
         }
 }
@@ -93,10 +117,9 @@ TEST(PagedWriteGpu, DecodeStepOneTokenPerSequence) {
                     static_cast<int>(slots.size()), pb.host_params());
     DevBuf<uint16_t> dk(nk), dv(nv);
     DevBuf<int32_t> ds(slots);
-    DevBuf<float> ksc(pb.k_scale), vsc(pb.v_scale);
+    DevParams dp(pb);
     WriteArgs a;
-    if (ksc.n) a.params.k_scale = ksc.p;
-    if (vsc.n) a.params.v_scale = vsc.p;
+    a.params = dp.params();
     a.k = dk.p;
     a.v = dv.p;
     a.slot_mapping = ds.p;
@@ -157,10 +180,8 @@ TEST(PagedDequantGpu, BitExactVsCpuDecoder) {
       const PagedLayout l = make_paged_layout(f, 32, 3, D);
       PagedBatch pb = make_batch(l, {100, 64}, rng, 0);
       DevBuf<uint8_t> kp(pb.k_pool), vp(pb.v_pool);
-      DevBuf<float> ksc(pb.k_scale), vsc(pb.v_scale);
-      FormatParams dparams;
-      if (ksc.n) dparams.k_scale = ksc.p;
-      if (vsc.n) dparams.v_scale = vsc.p;
+      DevParams dp(pb);
+      const FormatParams dparams = dp.params();
       for (int is_v = 0; is_v < 2; ++is_v) {
         const size_t n = size_t(pb.num_pages) * 3 * 32 * D;
         DevBuf<float> out(n);
@@ -192,7 +213,7 @@ struct AttnResult {
 };
 
 AttnResult run_attention(const PagedBatch& pb, const DevBatch& db, const std::vector<uint16_t>& q, int qo_heads,
-                         bool csr, int splits, int stages, int64_t max_context = 0) {
+                         bool csr, int splits, int stages, int64_t max_context = 0, bool sinks = true) {
   const int batch = static_cast<int>(pb.lens.size());
   DecodeShape s{pb.layout.format, qo_heads, pb.layout.num_kv_heads, pb.layout.head_dim, pb.layout.page_size};
   int64_t maxlen = 1;
@@ -213,6 +234,7 @@ AttnResult run_attention(const PagedBatch& pb, const DevBatch& db, const std::ve
   a.num_pages = pb.num_pages;
   a.table = csr ? db.csr_view(batch) : db.block_view(batch, pb.max_blocks);
   a.params = db.params();
+  if (sinks) a.sinks = db.sinks();
   a.out = out.p;
   a.lse = lse.p;
   a.workspace = ws.p;
@@ -226,17 +248,20 @@ struct Errors {
   double gpu = 0, plain = 0, lse_gpu = 0, lse_plain = 0;
 };
 
-Errors compare(const PagedBatch& pb, const std::vector<uint16_t>& q, int qo_heads, const AttnResult& r) {
+Errors compare(const PagedBatch& pb, const std::vector<uint16_t>& q, int qo_heads, const AttnResult& r,
+               bool sinks = true) {
   const int batch = static_cast<int>(pb.lens.size());
   const int D = pb.layout.head_dim;
   const size_t n = size_t(batch) * qo_heads * D;
   std::vector<double> ref(n), plain(n), lref(size_t(batch) * qo_heads), lplain(size_t(batch) * qo_heads);
   const double sm = 1.0 / std::sqrt(double(D));
   auto view = pb.csr_view();
+  const SinkView sv = pb.host_sinks();
+  const SinkView* svp = sinks ? &sv : nullptr;
   decode_attention_ref(pb.layout, pb.k_pool.data(), pb.v_pool.data(), view, q.data(), qo_heads, sm,
-                       pb.host_params(), ref.data(), lref.data(), false);
+                       pb.host_params(), ref.data(), lref.data(), false, svp);
   decode_attention_ref(pb.layout, pb.k_pool.data(), pb.v_pool.data(), view, q.data(), qo_heads, sm,
-                       pb.host_params(), plain.data(), lplain.data(), true);
+                       pb.host_params(), plain.data(), lplain.data(), true, svp);
   double num_g = 0, num_p = 0, den = 0;
   for (size_t i = 0; i < n; ++i) {
     const double g = bf16_to_f32(r.out[i]);
@@ -287,6 +312,11 @@ TEST(DecodeGpu, RandomShapesVsFp64Reference) {
         AttnResult r = run_attention(pb, db, q, c.qo, csr, 0, 0);
         EXPECT_EQ(r.status, 0);
         expect_close(compare(pb, q, c.qo, r));
+      }
+      if (!pb.sink_rows.empty()) {  // the same cache without its sink pool: first tokens read from their codes
+        AttnResult r = run_attention(pb, db, q, c.qo, true, 0, 0, 0, false);
+        EXPECT_EQ(r.status, 0);
+        expect_close(compare(pb, q, c.qo, r, false));
       }
     }
 }
@@ -356,6 +386,7 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
     pb2.last_page_len.clear();
     pb2.seq_lens.clear();
     pb2.block_table.clear();
+    pb2.sink_rows.clear();
     std::vector<uint16_t> q2;
     for (int i : perm) {
       pb2.lens.push_back(pb.lens[i]);
@@ -363,6 +394,7 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
       pb2.indptr.push_back(static_cast<int32_t>(pb2.indices.size()));
       pb2.last_page_len.push_back(pb.last_page_len[i]);
       pb2.seq_lens.push_back(pb.seq_lens[i]);
+      if (!pb.sink_rows.empty()) pb2.sink_rows.push_back(pb.sink_rows[i]);
       pb2.block_table.insert(pb2.block_table.end(), pb.block_table.begin() + size_t(i) * pb.max_blocks,
                              pb.block_table.begin() + size_t(i + 1) * pb.max_blocks);
       q2.insert(q2.end(), q.begin() + size_t(i) * qo * 128, q.begin() + size_t(i + 1) * qo * 128);

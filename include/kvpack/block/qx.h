@@ -34,6 +34,26 @@ struct QParams {
   const uint8_t* group_bits;  // [D/8] bits per group of 8 channels
 };
 
+// One layer's parameters for all kv heads, K or V (host or device arrays): head h's parameters start at slot
+// h * head_stride of every array (arrays [num_kv_heads][...]: head_stride 1; the calibration file's interleaved
+// (head, K|V) slots: head_stride 2). What the paged cache's FormatParams carry for q4/q3.5/q3.
+struct QHeadTable {
+  const float* mean = nullptr;          // [heads][D]
+  const float* fwd = nullptr;           // [heads][D][D]
+  const float* inv = nullptr;           // [heads][D][D]
+  const float* step = nullptr;          // [heads][D]
+  const float* inv_step = nullptr;      // [heads][D]
+  const float* rms_weight = nullptr;    // [heads][D]
+  const uint8_t* group_bits = nullptr;  // [heads][D/8]
+  int head_stride = 1;
+  KVPACK_HD QParams head(int h, int D) const {
+    const long s = static_cast<long>(h) * head_stride;
+    return QParams{mean + s * D,         fwd + s * D * D,           inv + s * D * D,         step + s * D,
+                   inv_step + s * D,     rms_weight + s * D,        group_bits + s * (D / 8)};
+  }
+  KVPACK_HD bool valid() const { return mean && fwd && inv && step && inv_step && rms_weight && group_bits; }
+};
+
 // Bits of format (x2 so 3.5 is an integer) -> code bytes for head_dim D: bits*D/8 minus the scale byte.
 constexpr int q_code_bytes(int bits_x2, int head_dim) { return bits_x2 * head_dim / 16 - 1; }
 
