@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # One device call: build the GPU-only tree, run the GPU tests (plain, then memcheck/racecheck on a small subset),
 # the benchmark, optionally the tuner; logs and JSON go to $OUT (at most 8 files come back).
-#   bash bench/run_device.sh [STEPS]    STEPS: comma list of build,test,sanitize,bench,tune,sass (default all but tune)
-# Env: BENCH_ARGS (extra `kvpack bench` options), TUNE_ARGS, GTEST_FILTER (for the test step).
+#   bash bench/run_device.sh [STEPS]    STEPS: comma list of build,test,sanitize,bench,flashinfer,tune,sass
+#                                       (default build,test,sanitize,bench,flashinfer)
+# Env: BENCH_ARGS (extra `kvpack bench` options), TUNE_ARGS, GTEST_FILTER (for the test step), FI_ARGS (extra
+# bench/flashinfer/fi_bench.py options), FI_DIR (folder of the carried FlashInfer files, default .whl).
+# The flashinfer step (after bench) runs FlashInfer's fp8 decode (XQA and the tensor-core wrapper) on the grid of
+# $OUT/bench.json and writes its rows into that same file; it needs the files of bench/flashinfer/fetch_flashinfer.sh
+# carried in FI_DIR (or flashinfer importable), else it says so and skips.
 set -u
-STEPS=${1:-build,test,sanitize,bench}
+STEPS=${1:-build,test,sanitize,bench,flashinfer}
 OUT=${OUT:-/tmp/kvpack_out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -21,7 +26,7 @@ stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 if has build; then
   stamp "configure+build"
   { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-      && cmake --build $B -j16 --target kvpack_gpu_tests kvpack_cli; } > "$OUT/build.log" 2>&1
+      && cmake --build $B -j16 --target kvpack_gpu_tests kvpack_cli kvpack_capi; } > "$OUT/build.log" 2>&1
   rc=$?; stamp "build rc=$rc"; grep -E "error|registers|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -40
   [ $rc -eq 0 ] || { tail -50 "$OUT/build.log"; exit 1; }
 fi
@@ -56,6 +61,30 @@ if has bench; then
   [ -f "$OUT/tune.json" ] && TABLE="--table $OUT/tune.json"
   ./$B/kvpack bench $TABLE ${BENCH_ARGS:-} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   stamp "bench rc=$?"; grep -vE "^(bf16|fp8|int4|int4h|q4|q3.5|q3) +write" "$OUT/bench.log" | tail -60
+fi
+
+if has flashinfer; then
+  stamp "flashinfer baseline"
+  FI_DIR=${FI_DIR:-.whl}
+  FI_TAR=$(ls "$FI_DIR"/flashinfer-*.tar.xz 2>/dev/null | head -1)
+  if [ -n "$FI_TAR" ]; then
+    mkdir -p /tmp/site
+    if ls "$FI_DIR"/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$FI_DIR"/*.whl 2>&1 | grep -v "WARNING: Running pip as" || true
+    fi
+    tar -xJf "$FI_TAR" -C /tmp/site
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  if [ -n "$FI_TAR" ] || python3 -c "import flashinfer" >/dev/null 2>&1; then
+    [ -f "$OUT/bench.json" ] || echo "flashinfer: no $OUT/bench.json (bench step not run): own run_id, no kvpack ratios"
+    FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws} PYTHONUNBUFFERED=1 \
+      python3 bench/flashinfer/fi_bench.py --kvpack-json "$OUT/bench.json" --capi $B/libkvpack_capi.so \
+      --out "$OUT/bench.json" ${FI_ARGS:-} > "$OUT/flashinfer.log" 2>&1
+    stamp "flashinfer rc=$?"; grep -vE "^ *(File|\^|~)" "$OUT/flashinfer.log" | tail -60
+  else
+    stamp "flashinfer: not importable and no $FI_DIR/flashinfer-*.tar.xz carried (bench/flashinfer/fetch_flashinfer.sh): skipped"
+  fi
 fi
 
 if has sass; then

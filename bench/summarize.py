@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Summarise a `kvpack bench` JSON file as Markdown tables (for docs/PERFORMANCE.md).
 
+FlashInfer rows of the same file (impl "flashinfer-xqa" / "flashinfer", from bench/flashinfer/fi_bench.py) are
+shown in a table per shape after kvpack's, as FlashInfer time / kvpack time per kvpack format.
+
 usage: python3 bench/summarize.py bench/results/RUN.json
 """
 import json
@@ -8,8 +11,18 @@ import sys
 from collections import defaultdict
 
 
+FI_IMPLS = (("flashinfer-xqa", "FlashInfer-XQA fp8", "speedup_vs_flashinfer_xqa", "vs XQA"),
+            ("flashinfer", "FlashInfer fp8", "speedup_vs_flashinfer", "vs FI"))
+
+
+def is_kvpack(r):
+    return r.get("impl", "kvpack") == "kvpack"
+
+
 def main(path):
-    rows = json.load(open(path))
+    all_rows = json.load(open(path))
+    rows = [r for r in all_rows if is_kvpack(r)]
+    fi = [r for r in all_rows if r.get("kind") == "decode" and not is_kvpack(r)]
     dec = [r for r in rows if r.get("kind") == "decode"]
     wr = [r for r in rows if r.get("kind") == "write"]
     if not dec:
@@ -46,6 +59,7 @@ def main(path):
                 sp.append("" if r is None or "speedup_vs_fp8" not in r else f"{r['speedup_vs_fp8']:.2f}x")
             print(f"| {b} | {c // 1024}k | " + " | ".join(cells) + " | " + " | ".join(sp) + " |")
         print()
+        flashinfer_table(sh, by, formats, fi)
     if wr:
         print("### Write path (one layer, K and V)\n")
         print("| format | shape | tokens | us | TB/s | % read |")
@@ -55,9 +69,37 @@ def main(path):
                   f"{r['median_us']:.2f} | {r['bandwidth_tbs']:.3f} | {100 * r['frac_read_bw']:.0f}% |")
 
 
+def flashinfer_table(sh, by, formats, fi):
+    """kvpack formats against FlashInfer's fp8 decode of the same run (ratio = FlashInfer time / kvpack time)."""
+    fi_by = defaultdict(dict)
+    for r in fi:
+        if (r["num_qo_heads"], r["num_kv_heads"], r["head_dim"]) == sh:
+            fi_by[(r["batch"], r["context"])][r["impl"]] = r
+    impls = [t for t in FI_IMPLS if any(t[0] in v for v in fi_by.values())]
+    if not impls:
+        return
+    fmts = [f for f in ("fp8", "q4", "q3.5", "q3") if f in formats] or formats
+    print(f"#### {sh[0]}q/{sh[1]}kv against FlashInfer fp8 (same run and GPU; ratio = FlashInfer us / kvpack us, "
+          f"> 1: kvpack faster)\n")
+    print("| batch | context | " + " | ".join(f"{t[1]} us (TB/s)" for t in impls) + " | " +
+          " | ".join(f"{f} {t[3]}" for t in impls for f in fmts) + " |")
+    print("|---|---|" + "---|" * len(impls) + "---|" * (len(impls) * len(fmts)))
+    for (b, c) in sorted(fi_by):
+        cells = []
+        for t in impls:
+            r = fi_by[(b, c)].get(t[0])
+            cells.append("" if r is None else f"{r['median_us']:.1f} ({r['bandwidth_tbs']:.2f})")
+        for t in impls:
+            for f in fmts:
+                r = by.get((b, c), {}).get(f)
+                cells.append("" if r is None or t[2] not in r else f"{r[t[2]]:.2f}x")
+        print(f"| {b} | {c // 1024}k | " + " | ".join(cells) + " |")
+    print()
+
+
 def write_share(path):
     """Decode-step write (batch tokens, one layer) as a share of the same step's attention time."""
-    rows = json.load(open(path))
+    rows = [r for r in json.load(open(path)) if is_kvpack(r)]
     dec = {(r["format"], r["num_qo_heads"], r["batch"], r["context"]): r["median_us"] for r in rows
            if r.get("kind") == "decode"}
     wr = {(r["format"], r["num_qo_heads"], r["num_tokens"]): r["median_us"] for r in rows if r.get("kind") == "write"}
