@@ -1,6 +1,8 @@
 // Paged KV write path (quantise new bf16 K/V tokens into their slots) and the whole-page dequantiser (tests).
 #include <cuda_runtime.h>
 
+#include <mutex>
+
 #include "format_policy.cuh"
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
@@ -141,6 +143,85 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
                   kv == 1);
 }
 
+// q formats: one CTA per (tile of kQTile tokens, kv head, K|V). The head's forward transform F is staged in shared
+// memory once per CTA; the D x kQTile matrix-vector products run on all threads (lanes = tokens, so every F read is
+// a broadcast and the padded token rows are conflict-free); then one thread per token picks the scale byte and
+// quantises. Bit-identical to the CPU encoder by construction: every coefficient is the block core's
+// transform_row, the scale byte and the codes its scale_byte_of and quantize (the v7 one-thread-per-vector encoder
+// took 640 us for one decode step; see bench/NOTES.md).
+constexpr int kQTile = 32;
+template <int D>
+constexpr size_t q_write_smem_bytes() {
+  return sizeof(float) * (size_t(D) * D + 2 * size_t(kQTile) * (D + 1));
+}
+template <class P, int D>
+__global__ void __launch_bounds__(256) write_kv_q_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                                                         const int32_t* __restrict__ slots, int num_tokens,
+                                                         int num_kv_heads, int page_size, int64_t head_block_bytes,
+                                                         int64_t num_pages, uint8_t* __restrict__ k_pool,
+                                                         uint8_t* __restrict__ v_pool, FormatParams params,
+                                                         int32_t* status) {
+  using Block = typename P::template Block<D>;
+  constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D), kRow = D + 1;
+  extern __shared__ __align__(16) float qsm[];
+  float* F = qsm;                       // [D][D]
+  float* t_s = F + D * D;               // [kQTile][D + 1] centred inputs
+  float* y_s = t_s + kQTile * kRow;     // [kQTile][D + 1] transformed coefficients
+  const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
+  const int64_t tok0 = int64_t{blockIdx.x} * kQTile;
+  const block::QParams p0 = (kv ? params.qv : params.qk).head(head, D);
+  for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x)
+    reinterpret_cast<float4*>(F)[i] = reinterpret_cast<const float4*>(p0.fwd)[i];
+  const uint16_t* src = kv ? v : k;
+  for (int i = threadIdx.x; i < kQTile * D; i += blockDim.x) {
+    const int tt = i / D, c = i % D;
+    const int64_t tok = tok0 + tt;
+    const float x = tok < num_tokens ? bf16_to_f32(src[(tok * num_kv_heads + head) * D + c]) : 0.f;
+    t_s[tt * kRow + c] = Block::centre(p0, x, c);
+  }
+  __syncthreads();
+  block::QParams p = p0;
+  p.fwd = F;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  static_assert(kQTile == 32, "lanes are tokens");
+  for (int r = warp; r < D; r += warps) y_s[lane * kRow + r] = Block::transform_row(p, t_s + lane * kRow, r);
+  __syncthreads();
+  if (threadIdx.x >= kQTile) return;
+  const int64_t tok = tok0 + threadIdx.x;
+  if (tok >= num_tokens) return;
+  const int64_t slot = slots[tok];
+  if (slot < 0) return;
+  if (slot >= num_pages * page_size) {
+    if (status) atomicOr(status, 1);
+    return;
+  }
+  const float* y = y_s + threadIdx.x * kRow;
+  const uint8_t e = Block::scale_byte_of(p, y);
+  uint8_t codes[kCode];
+  Block::quantize(p, y, e, codes);
+  const int64_t page = slot / page_size;
+  const int off = static_cast<int>(slot % page_size);
+  uint8_t* blk = (kv ? v_pool : k_pool) + (page * num_kv_heads + head) * head_block_bytes;
+  uint8_t* dst = blk + int64_t{off} * kCode;
+#pragma unroll
+  for (int i = 0; i < kCode; ++i) dst[i] = codes[i];
+  blk[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
+}
+
+template <class P, int D>
+void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
+  constexpr size_t smem = q_write_smem_bytes<D>();
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaFuncSetAttribute(write_kv_q_kernel<P, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaGetLastError();
+  });
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + kQTile - 1) / kQTile), static_cast<unsigned>(l.num_kv_heads * 2));
+  write_kv_q_kernel<P, D><<<grid, 256, smem, st>>>(a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size,
+                                                   l.head_block_bytes, a.num_pages, a.k_pool, a.v_pool, a.params,
+                                                   a.status);
+}
+
 // Sink tokens: one thread per (token, kv head, K/V, 16-byte piece) copies the bf16 vector to its sink slot.
 __global__ void write_sinks_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
                                    const int32_t* __restrict__ sink_slots, int num_tokens, int num_kv_heads,
@@ -239,7 +320,9 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
                  "write_kv: layout token bytes ({} + {}) disagree with the kernel's format '{}'",
                  l.code_bytes_per_token, l.meta_bytes_per_token, format_name(l.format));
     KVPACK_DISPATCH_HEAD_DIM(l.head_dim, D, [&] {
-      if constexpr (P::kVectorEncode && P::kEncodeElems > 0) {
+      if constexpr (P::kQ) {
+        launch_write_q<P, D>(l, a, static_cast<cudaStream_t>(stream));
+      } else if constexpr (P::kVectorEncode && P::kEncodeElems > 0) {
         const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2 * (D / (P::kEncodeElems > 0 ? P::kEncodeElems : 8));
         const int64_t blocks = (total + threads - 1) / threads;
         write_kv_group_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,

@@ -66,16 +66,20 @@ struct QBlock {
   static constexpr int kBytes = kCodeBytes + kMetaBytes;
   static_assert(kBytes * 16 == BitsX2 * D, "block must cost exactly the format's bits per element");
 
+  // Centred input t_c = sanitize(x_c) - mu_c, and one transformed coefficient y_r = sum_c F[r][c] t_c (fixed order).
+  // The GPU write path computes rows in parallel through these same two functions.
+  static KVPACK_HD float centre(const QParams& p, float x, int c) { return sanitize(x) - p.mean[c]; }
+  static KVPACK_HD float transform_row(const QParams& p, const float* t, int r) {
+    const float* f = p.fwd + r * D;
+    float acc = 0.0f;
+    for (int c = 0; c < D; ++c) acc = fmaf(f[c], t[c], acc);
+    return acc;
+  }
   // Transformed coefficients y = F (sanitize(x) - mu).
   static KVPACK_HD void transform(const QParams& p, const float* x, float* y) {
     float t[D];
-    for (int c = 0; c < D; ++c) t[c] = sanitize(x[c]) - p.mean[c];
-    for (int r = 0; r < D; ++r) {
-      const float* f = p.fwd + r * D;
-      float acc = 0.0f;
-      for (int c = 0; c < D; ++c) acc = fmaf(f[c], t[c], acc);
-      y[r] = acc;
-    }
+    for (int c = 0; c < D; ++c) t[c] = centre(p, x[c], c);
+    for (int r = 0; r < D; ++r) y[r] = transform_row(p, t, r);
   }
 
   static KVPACK_HD uint8_t scale_byte_of(const QParams& p, const float* y) {
