@@ -400,3 +400,30 @@ TEST(QBlock, PropertiesAllFormatsBothHeadDims) {
     }
   }
 }
+
+// The paged cache's view of one layer's K or V parameters (FormatParams::qk/qv) points at the right calibration
+// slots: (layer * n_kv + head) * 2 + kind, head stride 2.
+TEST(CalibFile, LayerTableAddressesTheInterleavedSlots) {
+  const int layers = 3, n_kv = 2, D = 64;
+  kvpack::QFormatTables t;
+  t.bits_x2 = 8;
+  t.resize(layers * n_kv * 2, D);
+  for (int s = 0; s < t.n_slots; ++s) {
+    t.mean[size_t(s) * D] = static_cast<float>(s);
+    t.fwd[size_t(s) * D * D] = static_cast<float>(s);
+    t.group_bits[size_t(s) * (D / 8)] = static_cast<uint8_t>(s);
+  }
+  for (int layer = 0; layer < layers; ++layer)
+    for (int kind = 0; kind < 2; ++kind) {
+      const auto lt = t.layer_table(layer, n_kv, static_cast<kvpack::KvKind>(kind));
+      EXPECT_EQ(lt.head_stride, 2);
+      for (int h = 0; h < n_kv; ++h) {
+        const int slot = (layer * n_kv + h) * 2 + kind;
+        const kvpack::block::QParams p = lt.head(h, D);
+        EXPECT_EQ(p.mean[0], static_cast<float>(slot));
+        EXPECT_EQ(p.fwd[0], static_cast<float>(slot));
+        EXPECT_EQ(p.group_bits[0], static_cast<uint8_t>(slot));
+      }
+    }
+  EXPECT_THROW(t.layer_table(layers, n_kv, kvpack::KvKind::K), kvpack::Error);
+}

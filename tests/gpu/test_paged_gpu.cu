@@ -524,6 +524,54 @@ TEST(DecodeGpu, BadArgumentsAreErrorsNotCrashes) {
   run_decode(short_plan, a2);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(status.download()[0] & 2, 2);
+  // q formats: missing calibrated parameters are errors; sink slots on a format without sinks too.
+  {
+    const PagedLayout lq = make_paged_layout(Format::q4, 16, 2, 64);
+    PagedBatch qb = make_batch(lq, {40, 70}, rng);
+    DevBatch qd(qb);
+    DecodeShape qs{Format::q4, 4, 2, 64, 16};
+    DecodePlan qplan = plan_decode(qs, 2, 100);
+    DevBuf<uint8_t> qws(qplan.workspace_bytes);
+    qws.fill_bytes(0);
+    DecodeArgs qa = a;
+    qa.k_pool = qd.k_pool.p;
+    qa.v_pool = qd.v_pool.p;
+    qa.num_pages = qb.num_pages;
+    qa.table = qd.csr_view(2);
+    qa.workspace = qws.p;
+    EXPECT_THROW(run_decode(qplan, qa), Error);  // no params.qk / qv
+    qa.params = qd.params();
+    qa.sinks = qd.sinks();
+    qa.sinks.k = nullptr;
+    EXPECT_THROW(run_decode(qplan, qa), Error);  // sink rows without a sink pool
+    // A sink row beyond the pool: reported (status 4), that sequence decodes from its codes.
+    qa.sinks = qd.sinks();
+    qa.sinks.num_rows = 1;  // rows are {1, 0}: sequence 0's row 1 is out of range
+    status.upload({0});
+    run_decode(qplan, qa);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(status.download()[0] & 4, 4);
+    WriteArgs w;
+    DevBuf<uint16_t> wk(random_bf16(2 * 64, rng)), wv(random_bf16(2 * 64, rng));
+    DevBuf<int32_t> ws_slots(std::vector<int32_t>{0}), sink_slots(std::vector<int32_t>{0});
+    w.k = wk.p;
+    w.v = wv.p;
+    w.slot_mapping = ws_slots.p;
+    w.num_tokens = 1;
+    w.k_pool = qd.k_pool.p;
+    w.v_pool = qd.v_pool.p;
+    w.num_pages = qb.num_pages;
+    EXPECT_THROW(write_kv(lq, w), Error);  // q4 without parameters
+    w.k_pool = db.k_pool.p;
+    w.v_pool = db.v_pool.p;
+    w.num_pages = pb.num_pages;
+    w.sink_slot_mapping = sink_slots.p;
+    DevBuf<uint16_t> sk(4 * 2 * 64), sv(4 * 2 * 64);
+    w.k_sinks = sk.p;
+    w.v_sinks = sv.p;
+    w.num_sink_rows = 1;
+    EXPECT_THROW(write_kv(l, w), Error);  // bf16 keeps no sinks
+  }
   // A page id outside the pool: reported and zero-filled, never read.
   std::vector<int32_t> idx = pb.indices;
   idx[1] = 1 << 30;
