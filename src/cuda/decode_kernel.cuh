@@ -235,25 +235,71 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     hadamard_cooperative<GMAX, D>(q_s);
   }
   [[maybe_unused]] typename CtxOf<P>::type kctx{}, vctx{};
+  // Tensor-core q path: thread (r = lane / 4, t4 = lane % 4) decodes K groups t4 + 4j (its k-slice of the score
+  // mma) and V groups r + 8j (its rows of the swap-AB P.V mma) for the CTA's whole life.
+  [[maybe_unused]] typename CtxOf<P>::type kctxm[P::kMmaQ ? D / 32 : 1], vctxm[P::kMmaQ ? D / 64 : 1];
+  __shared__ float qscale_s[GMAX], qunscale_s[GMAX];
+  __shared__ uint4 qfrag_s[P::kMmaQ ? D / 16 * 32 : 1];
   if constexpr (P::kQ) {
     // q . x^ = q . mu + tau * sum_c ((G^T q)_c s_c / 2) * 2 (k_c - o_c): the transformed query goes to red_s (free
     // until the first P.V reduction), q . mu to c0_s. Fixed summation order: the same bits in every CTA and plan.
     __syncthreads();
+    // Every CTA pays this (v8: 128 dependent global loads per thread, ~30 us per CTA, which dominated configurations
+    // with many CTAs); now a thread owns one column of G for all heads and loads 16 rows at a time. Per head the
+    // sum still runs over r = 0, 1, 2, ... in order, so the bits are those of v8.
     const block::QParams kq = p.fp.qk.head(h, D);
-    for (int i = tid; i < GMAX * D; i += kThreads) {
-      const int g = i / D, c = i % D;
-      float a = 0.f;
-      for (int r = 0; r < D; ++r) a = fmaf(kq.inv[r * D + c], q_s[g * D + r], a);
-      red_s[i] = kq.group_bits[c / 8] ? a * (kq.step[c] * 0.5f) : 0.f;
+    for (int c = tid; c < D; c += kThreads) {
+      float a[GMAX];
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) a[g] = 0.f;
+#pragma unroll 1
+      for (int r0 = 0; r0 < D; r0 += 16) {
+        float gv[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) gv[j] = __ldg(kq.inv + (r0 + j) * D + c);
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+          for (int g = 0; g < GMAX; ++g) a[g] = fmaf(gv[j], q_s[g * D + r0 + j], a[g]);
+      }
+      const float sc = kq.group_bits[c / 8] ? kq.step[c] * 0.5f : 0.f;
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) red_s[g * D + c] = kq.group_bits[c / 8] ? a[g] * sc : 0.f;
     }
     if (tid < GMAX) {
       float a = 0.f;
-      for (int r = 0; r < D; ++r) a = fmaf(q_s[tid * D + r], kq.mean[r], a);
+#pragma unroll 16
+      for (int r = 0; r < D; ++r) a = fmaf(q_s[tid * D + r], __ldg(kq.mean + r), a);
       c0_s[tid] = a;
     }
     for (int i = tid; i < 256; i += kThreads) tau_s[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
-    kctx = P::octet_ctx(kq.group_bits, tid % Gm::kOct);
-    vctx = P::octet_ctx(p.fp.qv.head(h, D).group_bits, tid % Gm::kOct);
+    if constexpr (P::kMmaQ) {
+      // f16 operands: scale each head's transformed query by a power of two so its largest element lies in
+      // [2^13, 2^14) (full f16 precision, far from overflow); the fp32 score is scaled back exactly.
+      __syncthreads();
+      if (warp < GMAX) {
+        float mx = 0.f;
+        for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(red_s[warp * D + c]));
+#pragma unroll
+        for (int off = 16; off >= 1; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        int e = 0;
+        if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
+        const int E = mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
+        if (lane == 0) {
+          qscale_s[warp] = ldexpf(1.f, E);
+          qunscale_s[warp] = ldexpf(1.f, -E);
+        }
+      }
+      const int r = lane >> 2, t4 = lane & 3;
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) kctxm[j] = P::octet_ctx(kq.group_bits, t4 + 4 * j);
+      const uint8_t* vbits = p.fp.qv.head(h, D).group_bits;
+#pragma unroll
+      for (int j = 0; j < D / 64; ++j) vctxm[j] = P::octet_ctx(vbits, r + 8 * j);
+    } else {
+      kctx = P::octet_ctx(kq.group_bits, tid % Gm::kOct);
+      vctx = P::octet_ctx(p.fp.qv.head(h, D).group_bits, tid % Gm::kOct);
+    }
   }
 
   auto ntiles = [&](int c) {
@@ -313,11 +359,20 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     }
   };
 
-  float acc[GMAX][8];
+  constexpr int kAccRows = P::kMmaQ || P::kMmaV ? 1 : GMAX;
+  float acc[kAccRows][8];
 #pragma unroll
-  for (int g = 0; g < GMAX; ++g)
+  for (int g = 0; g < kAccRows; ++g)
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+  // Tensor-core q path: O^T fragments, m-tile mt = rows (channel mt % 4, channel mt % 4 + 4) of group r + 8 (mt / 4),
+  // columns = query heads 2 t4, 2 t4 + 1.
+  constexpr int kAcc2 = P::kMmaQ || P::kMmaV ? D / 16 : 1;
+  [[maybe_unused]] float acc2[kAcc2][4];
+#pragma unroll
+  for (int m = 0; m < kAcc2; ++m)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc2[m][i] = 0.f;
 
   Cursor prod{split, 0, 0}, cons{split, 0, 0};
   for (int s = 0; s < p.stages - 1; ++s) {
@@ -330,11 +385,34 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
   __syncthreads();  // q_s visible
   // This thread's octet of every query head, for the whole CTA lifetime: no shared-memory traffic for q.
   const int part = tid % Gm::kTPT;
-  [[maybe_unused]] float qreg[P::kMmaK ? 1 : GMAX][8];
+  [[maybe_unused]] float qreg[P::kMmaK || P::kMmaQ ? 1 : GMAX][8];
   // Tensor-core scores (kMmaK): A = the raw bf16 query (exact; 16 rows = heads, rows >= 8 zero), its columns
   // permuted like the format's B fragments (mma_dim_base); the softmax scale multiplies the fp32 score afterwards.
   [[maybe_unused]] uint32_t qa[P::kMmaK ? D / 16 : 1][2];
-  if constexpr (P::kMmaK) {
+  if constexpr (P::kMmaQ) {
+    // B fragments of the score mma (swap-AB: K rows are the M dimension, query heads the N dimension) for every
+    // k-step, built once: lane (r, t4) of k-step 2j + i holds head r's channels (2i, 2i + 4) and (2i + 1, 2i + 5) of
+    // group t4 + 4j, matching octet_f16x2's pairs, each split into f16 hi + lo so the scores keep ~22 bits.
+    for (int e = tid; e < (D / 16) * 32; e += kThreads) {
+      const int ks = e / 32, ln = e % 32, r = ln >> 2, t4 = ln & 3;
+      const int j = ks / 2, i = ks % 2;
+      const bool live = r < GMAX && r < p.group;
+      const float sc = live ? qscale_s[r] : 0.f;
+      const float* g8 = red_s + (live ? r : 0) * D + 8 * (t4 + 4 * j);
+      uint32_t hl[4] = {0u, 0u, 0u, 0u};
+      if (live) {
+        const float v[4] = {g8[2 * i] * sc, g8[2 * i + 4] * sc, g8[2 * i + 1] * sc, g8[2 * i + 5] * sc};
+        const __half2 h0 = __floats2half2_rn(v[0], v[1]), h1 = __floats2half2_rn(v[2], v[3]);
+        hl[0] = *reinterpret_cast<const uint32_t*>(&h0);
+        hl[1] = *reinterpret_cast<const uint32_t*>(&h1);
+        const float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
+        hl[2] = f32x2_to_f16x2(v[0] - f0.x, v[1] - f0.y);
+        hl[3] = f32x2_to_f16x2(v[2] - f1.x, v[3] - f1.y);
+      }
+      qfrag_s[e] = make_uint4(hl[0], hl[1], hl[2], hl[3]);
+    }
+    __syncthreads();
+  } else if constexpr (P::kMmaK) {
     const int r = lane >> 2, t4 = lane & 3;
     const uint16_t* qrow = p.q + (int64_t{b} * p.num_qo_heads + h * p.group + (r < p.group ? r : 0)) * D;
 #pragma unroll
@@ -372,7 +450,41 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     const bool last_tile = cons.tile + 1 == ntiles(cons.c);
 
     if (cons.kind == 0) {
-      if constexpr (P::kMmaK) {
+      if constexpr (P::kMmaQ) {
+        // Scores on tensor cores, swap-AB: S^T (16 tokens x heads) = K (16 tokens x D) . Q^T; warp w takes 16-token
+        // steps w, w + 8, ...; thread (r, t4) decodes its 4 (D = 128) or 2 groups of tokens r and r + 8 into A
+        // fragments and gets back their scores for heads 2 t4, 2 t4 + 1.
+        const int r = lane >> 2, t4 = lane & 3;
+        for (int mt = warp; mt * 16 < valid; mt += kWarps) {
+          const int tok0 = mt * 16;
+          const uint8_t* rowa = tile + (tok0 + r) * Gm::kCode;
+          const uint8_t* rowb = rowa + 8 * Gm::kCode;
+          float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int j = 0; j < D / 32; ++j) {
+            uint32_t lo, hi, fa[4], fb[4];
+            P::octet_words(rowa, kctxm[j], lo, hi);
+            P::octet_f16x2(lo, hi, kctxm[j], fa);
+            P::octet_words(rowb, kctxm[j], lo, hi);
+            P::octet_f16x2(lo, hi, kctxm[j], fb);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const uint4 qf = qfrag_s[(2 * j + i) * 32 + lane];
+              mma_f16_full(c, fa[2 * i], fb[2 * i], fa[2 * i + 1], fb[2 * i + 1], qf.x, qf.y);
+              mma_f16_full(c, fa[2 * i], fb[2 * i], fa[2 * i + 1], fb[2 * i + 1], qf.z, qf.w);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int g = 2 * t4 + (i & 1), tok = tok0 + r + 8 * (i >> 1);
+            if (g < GMAX) {
+              const bool live = tok < valid && chunk0 + tloc0 + tok >= n_sink;
+              p_s[(tloc0 + tok) * GMAX + g] =
+                  live ? fmaf(tau_s[meta[tok]], c[i] * qunscale_s[g], c0_s[g]) : -INFINITY;
+            }
+          }
+        }
+      } else if constexpr (P::kMmaK) {
         // Scores on tensor cores: warp w takes n-tiles of 8 tokens; thread (r = lane/4, t4 = lane%4) loads token r's
         // fragment words (16-byte loads) and gets back scores of head r for tokens 2*t4, 2*t4 + 1.
         const int r = lane >> 2, t4 = lane & 3;
@@ -448,6 +560,94 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
             l_s[g] = sum;
           }
         }
+      }
+    } else if constexpr (P::kMmaQ || P::kMmaV) {
+      // P.V on tensor cores, swap-AB: O^T (head dim x heads) += V^T (head dim x 16 tokens) . P^T (16 tokens x heads).
+      // Warp w takes 16-token steps w, w + 8, ...; thread (r, t4) decodes tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
+      // of its rows and pairs the tokens with byte permutes; B = p (q formats: p * tau) in f16, 0 past the valid
+      // tokens (their codes are zero-filled, so finite).
+      const int r = lane >> 2, t4 = lane & 3;
+      for (int s16 = warp; s16 * 16 < valid; s16 += kWarps) {
+        const int t0 = s16 * 16;
+        // B = the weights in f16 hi + lo (pb[0..1] hi, pb[2..3] lo): the products keep ~22 bits, as fp32 would.
+        uint32_t pb[4];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int ta = t0 + 2 * t4 + 8 * hh;
+          float w0 = 0.f, w1 = 0.f;
+          if (r < GMAX) {
+            if (ta < valid) w0 = p_s[(tloc0 + ta) * GMAX + r] * (P::kQ ? tau_s[meta[ta]] : 1.f);
+            if (ta + 1 < valid) w1 = p_s[(tloc0 + ta + 1) * GMAX + r] * (P::kQ ? tau_s[meta[ta + 1]] : 1.f);
+          }
+          if constexpr (P::kMmaQ) {
+            const __half2 h = __floats2half2_rn(w0, w1);
+            const float2 f = __half22float2(h);
+            pb[hh] = *reinterpret_cast<const uint32_t*>(&h);
+            pb[2 + hh] = f32x2_to_f16x2(w0 - f.x, w1 - f.y);
+          } else {
+            P::pack_w(w0, w1, pb[hh], pb[2 + hh]);
+          }
+        }
+        if constexpr (P::kMmaQ) {
+          // Rows of m-tile mt: channels mt % 4 and mt % 4 + 4 of group r + 8 (mt / 4).
+#pragma unroll
+          for (int gs = 0; gs < D / 64; ++gs) {
+            uint32_t fa[4][4];
+#pragma unroll
+            for (int qq = 0; qq < 4; ++qq) {
+              const int tk = t0 + 2 * t4 + (qq & 1) + 8 * (qq >> 1);
+              uint32_t lo, hi;
+              P::octet_words(tile + tk * Gm::kCode, vctxm[gs], lo, hi);
+              P::octet_f16x2(lo, hi, vctxm[gs], fa[qq]);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const uint32_t a0 = __byte_perm(fa[0][j], fa[1][j], 0x5410), a1 = __byte_perm(fa[0][j], fa[1][j], 0x7632);
+              const uint32_t a2 = __byte_perm(fa[2][j], fa[3][j], 0x5410), a3 = __byte_perm(fa[2][j], fa[3][j], 0x7632);
+              mma_f16_full(acc2[4 * gs + j], a0, a1, a2, a3, pb[0], pb[1]);
+              mma_f16_full(acc2[4 * gs + j], a0, a1, a2, a3, pb[2], pb[3]);
+            }
+          }
+        } else {
+          // Thread r owns elements [r D/8, (r + 1) D/8) of every token; m-tile mt has rows elements 2 mt (row r)
+          // and 2 mt + 1 (row r + 8) of them.
+          const uint8_t* ra = tile + (t0 + 2 * t4) * Gm::kCode;
+          uint32_t lo[D / 16][2], hi[D / 16][2];
+          P::template v_pairs<D>(ra, ra + Gm::kCode, r, lo);
+          P::template v_pairs<D>(ra + 8 * Gm::kCode, ra + 9 * Gm::kCode, r, hi);
+#pragma unroll
+          for (int mt = 0; mt < D / 16; ++mt) {
+            P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[0], pb[1]);
+            P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[2], pb[3]);
+          }
+        }
+      }
+      if (last_tile) {
+#pragma unroll
+        for (int mt = 0; mt < D / 16; ++mt) {
+          // Element (dimension) of rows r and r + 8 of m-tile mt.
+          const int d = P::kMmaQ ? 8 * (r + 8 * (mt / 4)) + (mt % 4) : r * (D / 8) + 2 * mt;
+          const int d8 = P::kMmaQ ? d + 4 : d + 1;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int g = 2 * t4 + i;
+            if (g < GMAX) {
+              red_s[(warp * GMAX + g) * D + d] = acc2[mt][i];
+              red_s[(warp * GMAX + g) * D + d8] = acc2[mt][2 + i];
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc2[mt][i] = 0.f;
+        }
+        __syncthreads();
+        const int64_t base = (int64_t{b} * H + h) * p.max_chunks + cons.c;
+        for (int i = tid; i < p.group * D; i += kThreads) {
+          const int g = i / D, d = i % D;
+          float a = 0.f;
+          for (int w2 = 0; w2 < kWarps; ++w2) a += red_s[(w2 * GMAX + g) * D + d];
+          p.ws_acc[base * p.group * D + i] = a;
+        }
+        if (tid < p.group) p.ws_ml[base * p.group + tid] = make_float2(m_s[tid], l_s[tid]);
       }
     } else {
       // P.V: thread (octet vo, slice vs) accumulates its 8 output elements over tokens vs, vs+kSlices, ...
@@ -570,25 +770,55 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
       o_s[i] = vq.group_bits[c / 8] ? o[k] * (vq.step[c] * 0.5f) : 0.f;
       if (c == 0) mlq_s[g] = make_float2(m[k], l[k]);
     }
-    __syncthreads();
+    // Sink scores once per (head, sink), 8 bf16 per 16-byte load; fixed order over d.
+    __shared__ float ssc_s[GMAX][kSinkTokens];
     const int64_t sink_base = sink_row * p.sink_tokens;
+    if (tid < GMAX * kSinkTokens) {
+      const int g = tid / kSinkTokens, j = tid % kSinkTokens;
+      float a = -INFINITY;
+      if (j < n_sink && g < p.group) {
+        const uint4* ks = reinterpret_cast<const uint4*>(p.k_sinks + ((sink_base + j) * H + h) * D);
+        a = 0.f;
+#pragma unroll 4
+        for (int d8 = 0; d8 < D / 8; ++d8) {
+          const uint4 w = __ldg(ks + d8);
+          const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            a = fmaf(q_s[g * D + 8 * d8 + 2 * e], __uint_as_float(ww[e] << 16), a);
+            a = fmaf(q_s[g * D + 8 * d8 + 2 * e + 1], __uint_as_float(ww[e] & 0xffff0000u), a);
+          }
+        }
+      }
+      ssc_s[g][j] = a;
+    }
+    __syncthreads();
     for (int i = tid; i < npairs; i += kThreads) {
       const int g = i / D, r = i % D;
       const float2 ml = mlq_s[g];
-      float u = vq.mean[r] * ml.y;
-      const float* grow = vq.inv + r * D;
-      for (int c = 0; c < D; ++c) u = fmaf(grow[c], o_s[g * D + c], u);
+      float u = __ldg(vq.mean + r) * ml.y;
+      // G's row r, 16 bytes at a time (v8 read it 4 bytes per dependent step); the sum runs over c in order.
+      const float4* grow = reinterpret_cast<const float4*>(vq.inv + r * D);
+#pragma unroll 1
+      for (int c4 = 0; c4 < D / 4; c4 += 4) {
+        float4 gv[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) gv[j] = __ldg(grow + c4 + j);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float* o4 = o_s + g * D + 4 * (c4 + j);
+          u = fmaf(gv[j].x, o4[0], u);
+          u = fmaf(gv[j].y, o4[1], u);
+          u = fmaf(gv[j].z, o4[2], u);
+          u = fmaf(gv[j].w, o4[3], u);
+        }
+      }
       float ssc[kSinkTokens];
       float mt = ml.x;
 #pragma unroll
       for (int j = 0; j < kSinkTokens; ++j) {
-        ssc[j] = -INFINITY;
-        if (j >= n_sink) continue;
-        const uint16_t* ks = p.k_sinks + ((sink_base + j) * H + h) * D;
-        float a = 0.f;
-        for (int d = 0; d < D; ++d) a = fmaf(q_s[g * D + d], bf16_to_f32(ks[d]), a);
-        ssc[j] = a;
-        mt = fmaxf(mt, a);
+        ssc[j] = ssc_s[g][j];
+        if (j < n_sink) mt = fmaxf(mt, ssc[j]);
       }
       const float mr = mt == -INFINITY ? 0.f : mt;
       const float f = exp2f(ml.x - mr);

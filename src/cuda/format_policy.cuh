@@ -40,6 +40,18 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a2,
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
+// mma.sync m16n8k16 f16 with all four A registers (P.V with the head dimension as M: swap-AB).
+__device__ __forceinline__ void mma_f16_full(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t f32x2_to_f16x2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
 // Head-dimension permutation shared by A (query) and B (codes) fragments: thread t4 of a quad owns the 16-byte
 // chunks t4, t4 + 4, ... of a token row (E elements each); k-step ks takes 4 consecutive elements of one of them,
 // so B comes from conflict-light 16-byte loads instead of scattered 4-byte ones. Returns the first of the 4 dims.
@@ -56,6 +68,8 @@ struct Bf16Policy {
   static constexpr int kEncodeElems = 0;  // plain copies (encode8), no slice encoder
   static constexpr bool kMmaK = true;      // scores on tensor cores (bf16 mma), v6: all GPU tests pass on the H200
   static constexpr bool kQ = false;        // not a calibrated q format (QPolicy)
+  static constexpr bool kMmaQ = false;
+  static constexpr bool kMmaV = true;  // P.V on tensor cores (swap-AB, bf16 pairs of two tokens by byte permutes), v10
   __device__ __forceinline__ static int mma_dim_base(int ks, int t4) { return mma_dim_base_e<8>(ks, t4); }
   __device__ __forceinline__ static uint32_t pack_q(uint16_t lo, uint16_t hi) { return lo | (uint32_t(hi) << 16); }
   __device__ __forceinline__ static void mma(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
@@ -72,6 +86,37 @@ struct Bf16Policy {
       bf[2 * j + 1][0] = v.z;
       bf[2 * j + 1][1] = v.w;
     }
+  }
+  // P.V (kMmaV): A fragments of the swap-AB mma from tokens a and b, thread r's D/8 elements [r D/8, (r+1) D/8):
+  // out[mt][0] = (element 2 mt of a, of b) (row r of m-tile mt), out[mt][1] = element 2 mt + 1 (row r + 8).
+  template <int D>
+  __device__ __forceinline__ static void v_pairs(const uint8_t* a, const uint8_t* b, int r, uint32_t (&out)[D / 16][2]) {
+#pragma unroll
+    for (int k = 0; k < D / 64; ++k) {
+      const uint4 va = *reinterpret_cast<const uint4*>(a + r * (D / 4) + 16 * k);
+      const uint4 vb = *reinterpret_cast<const uint4*>(b + r * (D / 4) + 16 * k);
+      const uint32_t wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        out[4 * k + w][0] = __byte_perm(wa[w], wb[w], 0x5410);
+        out[4 * k + w][1] = __byte_perm(wa[w], wb[w], 0x7632);
+      }
+    }
+  }
+  // The weights w0, w1 as a bf16 hi + lo pair of registers (~16 bits kept).
+  __device__ __forceinline__ static void pack_w(float w0, float w1, uint32_t& hi, uint32_t& lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(w0, w1);
+    const float2 f = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(w0 - f.x, w1 - f.y);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+  }
+  __device__ __forceinline__ static void mma_full(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
   __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, const FormatParams&, int,
                                                       bool) {}
@@ -108,6 +153,9 @@ struct Fp8Policy {
   static constexpr bool kHasOctetScale = false, kRotate = false, kVectorEncode = true;
   static constexpr bool kMmaK = true;   // tensor-core scores (e4m3 -> f16 exact), v6: all GPU tests pass
   static constexpr bool kQ = false;
+  static constexpr bool kMmaQ = false;
+  // P.V on tensor cores too (swap-AB, e4m3 pairs of two tokens -> f16x2 with one cvt), v10
+  static constexpr bool kMmaV = true;
   static constexpr int code_bytes(int D) { return block::block_layout(Format::fp8, D).code_bytes; }
   __device__ __forceinline__ static int mma_dim_base(int ks, int t4) { return mma_dim_base_e<16>(ks, t4); }
   __device__ __forceinline__ static uint32_t pack_q(uint16_t lo, uint16_t hi) {
@@ -136,6 +184,41 @@ struct Fp8Policy {
     }
   }
   static constexpr int meta_bytes(int D) { return block::block_layout(Format::fp8, D).meta_bytes; }
+  // P.V (kMmaV): A fragments of the swap-AB mma from tokens a and b, thread r's D/8 elements [r D/8, (r+1) D/8):
+  // out[mt][0] = (element 2 mt of a, of b) (row r of m-tile mt), out[mt][1] = element 2 mt + 1 (row r + 8); two
+  // byte permutes and four cvt per 4 elements of each token.
+  template <int D>
+  __device__ __forceinline__ static void v_pairs(const uint8_t* a, const uint8_t* b, int r, uint32_t (&out)[D / 16][2]) {
+    uint32_t wa[D / 32], wb[D / 32];
+    if constexpr (D == 128) {
+      const uint4 va = *reinterpret_cast<const uint4*>(a + r * 16), vb = *reinterpret_cast<const uint4*>(b + r * 16);
+      wa[0] = va.x, wa[1] = va.y, wa[2] = va.z, wa[3] = va.w;
+      wb[0] = vb.x, wb[1] = vb.y, wb[2] = vb.z, wb[3] = vb.w;
+    } else {
+      const uint2 va = *reinterpret_cast<const uint2*>(a + r * 8), vb = *reinterpret_cast<const uint2*>(b + r * 8);
+      wa[0] = va.x, wa[1] = va.y;
+      wb[0] = vb.x, wb[1] = vb.y;
+    }
+#pragma unroll
+    for (int w = 0; w < D / 32; ++w) {
+      const uint32_t x = __byte_perm(wa[w], wb[w], 0x5140), y = __byte_perm(wa[w], wb[w], 0x7362);
+      out[2 * w][0] = e4m3x2_to_f16x2(x & 0xffffu);
+      out[2 * w][1] = e4m3x2_to_f16x2(x >> 16);
+      out[2 * w + 1][0] = e4m3x2_to_f16x2(y & 0xffffu);
+      out[2 * w + 1][1] = e4m3x2_to_f16x2(y >> 16);
+    }
+  }
+  // The weights w0, w1 as an f16 hi + lo pair of registers (~22 bits kept, as fp32 products would).
+  __device__ __forceinline__ static void pack_w(float w0, float w1, uint32_t& hi, uint32_t& lo) {
+    const __half2 h = __floats2half2_rn(w0, w1);
+    const float2 f = __half22float2(h);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = f32x2_to_f16x2(w0 - f.x, w1 - f.y);
+  }
+  __device__ __forceinline__ static void mma_full(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1) {
+    mma_f16_full(c, a0, a1, a2, a3, b0, b1);
+  }
   // e4m3 -> f16 is one cvt per pair on sm_89+ (exact: every e4m3 value is an f16), then f16 -> f32 (exact).
   __device__ __forceinline__ static void dequant8(const uint8_t* row, int octet, const uint8_t*, float out[8]) {
     const uint2 r = *reinterpret_cast<const uint2*>(row + octet * 8);
@@ -185,6 +268,8 @@ struct Int4Policy {
   static constexpr bool kHasOctetScale = true, kRotate = Rotate, kVectorEncode = true;
   static constexpr bool kMmaK = false;  // CUDA-core scores (a group scale per 32 elements; tensor path not done)
   static constexpr bool kQ = false;
+  static constexpr bool kMmaQ = false;
+  static constexpr bool kMmaV = false;
   __device__ __forceinline__ static int mma_dim_base(int, int) { return 0; }
   __device__ __forceinline__ static uint32_t pack_q(uint16_t, uint16_t) { return 0; }
   __device__ __forceinline__ static void mma(float (&)[4], uint32_t, uint32_t, uint32_t, uint32_t) {}
@@ -254,11 +339,17 @@ struct QPolicy {
   template <int D>
   using Block = block::QBlock<D, BitsX2>;
 
+  // Tensor-core path (v10): scores and P.V on mma.sync with f16 operands; the codes become 2 (k - o) exactly in f16.
+  static constexpr bool kMmaQ = true;
+  static constexpr bool kMmaV = false;
   struct OctetCtx {
     int off = 0;          // first code byte of the group in the token's codes
     int b = 0;            // bits 0..8
     uint32_t mask2 = 0;   // ((1 << b) - 1) << 1: the code shifted to bit 1 (= 2k)
     float magic = 0.f;    // 2^23 + (2^b - 1)
+    uint32_t mask2x2 = 0; // mask2 in both f16 halves
+    uint32_t sub2 = 0;    // f16x2 (1024 + 2^b - 1, same): 1024 + 2k minus it is 2 (k - o), exactly
+    uint32_t sh1 = 0;     // max(b - 1, 0): code 1 of a half to bit 1
   };
   __device__ __forceinline__ static OctetCtx octet_ctx(const uint8_t* group_bits, int octet) {
     OctetCtx c;
@@ -266,7 +357,37 @@ struct QPolicy {
     c.b = group_bits[octet];
     c.mask2 = ((1u << c.b) - 1u) << 1;
     c.magic = 8388608.0f + static_cast<float>((1 << c.b) - 1);
+    c.mask2x2 = c.mask2 | (c.mask2 << 16);
+    const uint32_t h = 0x6400u + ((1u << c.b) - 1u);  // 1024 + 2^b - 1 < 2048: f16 ulp 1, exact
+    c.sub2 = h | (h << 16);
+    c.sh1 = c.b > 0 ? static_cast<uint32_t>(c.b - 1) : 0u;
     return c;
+  }
+  // The group's two 32-bit code windows: lo holds codes 0..3 (bits 0, b, 2b, 3b), hi codes 4..7. Reads up to 11
+  // bytes past the group's first byte (inside the shared-memory stage: codes are followed by the metadata area).
+  __device__ __forceinline__ static void octet_words(const uint8_t* row, const OctetCtx& c, uint32_t& lo,
+                                                     uint32_t& hi) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(row + c.off);
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+    const uint32_t sh = static_cast<uint32_t>(a & 3u) * 8u;
+    const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
+    lo = __funnelshift_r(w0, w1, sh);
+    const uint32_t mid = __funnelshift_r(w1, w2, sh);
+    hi = __funnelshift_rc(lo, mid, 4 * c.b);
+  }
+  // The group's 8 values 2 (k_i - o) as f16x2 pairs (c0,c4) (c1,c5) (c2,c6) (c3,c7): one byte permute puts codes
+  // 0,1 and 4,5 in the two halves of a word (2b <= 16), then each pair is one shift, one lop3 (mask | 1024's
+  // exponent: 1024 + 2k) and one hsub2, exact (integers below 2048). A 0-bit group gives zeros.
+  __device__ __forceinline__ static void octet_f16x2(uint32_t lo, uint32_t hi, const OctetCtx& c, uint32_t (&r)[4]) {
+    const uint32_t p1 = __byte_perm(lo, hi, 0x5410);
+    const uint32_t p2 = __byte_perm(lo >> (2 * c.b), hi >> (2 * c.b), 0x5410);
+    const uint32_t t[4] = {p1 << 1, p1 >> c.sh1, p2 << 1, p2 >> c.sh1};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t u = (t[i] & c.mask2x2) | 0x64006400u;
+      const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&u), *reinterpret_cast<const __half2*>(&c.sub2));
+      r[i] = *reinterpret_cast<const uint32_t*>(&d);
+    }
   }
   // out[i] = 2 * (k_i - o) exactly, for the group's 8 channels (0 for a 0-bit group: mask and offset are 0).
   // Codes 0..3 lie in the low 32 bits of the group (3b + b <= 32), codes 4..7 in the 32 bits from bit 4b; each
