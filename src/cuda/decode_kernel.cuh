@@ -457,15 +457,15 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
         const int r = lane >> 2, t4 = lane & 3;
         for (int mt = warp; mt * 16 < valid; mt += kWarps) {
           const int tok0 = mt * 16;
-          const uint8_t* rowa = tile + (tok0 + r) * Gm::kCode;
-          const uint8_t* rowb = rowa + 8 * Gm::kCode;
+          const uint32_t* tw = reinterpret_cast<const uint32_t*>(tile);
+          const int rowa = (tok0 + r) * Gm::kCode, rowb = rowa + 8 * Gm::kCode;
           float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
           for (int j = 0; j < D / 32; ++j) {
             uint32_t lo, hi, fa[4], fb[4];
-            P::octet_words(rowa, kctxm[j], lo, hi);
+            P::octet_words(tw, rowa, kctxm[j], lo, hi);
             P::octet_f16x2(lo, hi, kctxm[j], fa);
-            P::octet_words(rowb, kctxm[j], lo, hi);
+            P::octet_words(tw, rowb, kctxm[j], lo, hi);
             P::octet_f16x2(lo, hi, kctxm[j], fb);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
@@ -597,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
             for (int qq = 0; qq < 4; ++qq) {
               const int tk = t0 + 2 * t4 + (qq & 1) + 8 * (qq >> 1);
               uint32_t lo, hi;
-              P::octet_words(tile + tk * Gm::kCode, vctxm[gs], lo, hi);
+              P::octet_words(reinterpret_cast<const uint32_t*>(tile), tk * Gm::kCode, vctxm[gs], lo, hi);
               P::octet_f16x2(lo, hi, vctxm[gs], fa[qq]);
             }
 #pragma unroll

@@ -363,13 +363,15 @@ struct QPolicy {
     c.sh1 = c.b > 0 ? static_cast<uint32_t>(c.b - 1) : 0u;
     return c;
   }
-  // The group's two 32-bit code windows: lo holds codes 0..3 (bits 0, b, 2b, 3b), hi codes 4..7. Reads up to 11
-  // bytes past the group's first byte (inside the shared-memory stage: codes are followed by the metadata area).
-  __device__ __forceinline__ static void octet_words(const uint8_t* row, const OctetCtx& c, uint32_t& lo,
+  // The group's two 32-bit code windows: lo holds codes 0..3 (bits 0, b, 2b, 3b), hi codes 4..7. `words` is the
+  // shared-memory stage as 32-bit words (16-byte aligned) and `byte` the token row's offset in it: word indexing
+  // keeps the loads in the shared window (LDS, 32-bit addresses; a uintptr_t round trip made them generic loads).
+  // Reads up to 11 bytes past the group's first byte (inside the stage: codes are followed by the metadata area).
+  __device__ __forceinline__ static void octet_words(const uint32_t* words, int byte, const OctetCtx& c, uint32_t& lo,
                                                      uint32_t& hi) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(row + c.off);
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
-    const uint32_t sh = static_cast<uint32_t>(a & 3u) * 8u;
+    const int a = byte + c.off;
+    const uint32_t* w = words + (a >> 2);
+    const uint32_t sh = static_cast<uint32_t>(a & 3) * 8u;
     const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
     lo = __funnelshift_r(w0, w1, sh);
     const uint32_t mid = __funnelshift_r(w1, w2, sh);
