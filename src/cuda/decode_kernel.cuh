@@ -318,39 +318,56 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
       }
     }
   };
-  const int32_t* pages = p.table.pages;
+  // Tile loads. v10 profile (ncu source view, fp8 32q/8kv b=8 32k): the v9 form of this loop (64-bit positions,
+  // a 64-bit multiply chain per 16-byte piece and an atomic branch) was ~60 instructions per piece and half of all
+  // instructions the kernel executed. Now positions are 32-bit (plan() caps max_context at 2^30), the page's byte
+  // offset is one wide multiply, pieces are unrolled with their in-tile offsets as constants, and a bad page only
+  // sets a flag (reported once per thread at the end).
+  const int32_t* prow = p.table.pages + row;
+  const int len32 = static_cast<int>(len);
+  const uint32_t npages32 = static_cast<uint32_t>(p.num_pages < 0x7fffffff ? p.num_pages : 0x7fffffff);
+  const int64_t page_stride = int64_t{H} * p.head_block_bytes;
+  const int page_mask = p.page_size - 1;
+  bool bad_page = false;
   auto issue = [&](const Cursor& cu, int slot) {
     uint8_t* dst = smem + size_t(slot) * Gm::kStageBytes;
-    const uint8_t* pool = cu.kind ? p.v_pool : p.k_pool;
-    const int64_t t0 = int64_t{cu.c} * kChunkTokens + int64_t{cu.tile} * kTile;
-    for (int i = tid; i < Gm::kTileCodeBytes / 16; i += kThreads) {
-      const int byte = i * 16, tok = byte / Gm::kCode, inrow = byte % Gm::kCode;
-      const int64_t t = t0 + tok;
-      const void* src = pool;
+    const uint8_t* hpool = (cu.kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes;
+    const int t0 = cu.c * kChunkTokens + cu.tile * kTile;
+    constexpr int kPieces = Gm::kTileCodeBytes / 16;
+#pragma unroll
+    for (int k = 0; k < (kPieces + kThreads - 1) / kThreads; ++k) {
+      const int i = tid + k * kThreads;
+      if (kPieces % kThreads != 0 && i >= kPieces) break;
+      const int byte = i * 16, tok = byte / Gm::kCode, inrow = byte - tok * Gm::kCode;
+      const int t = t0 + tok;
+      const void* src = hpool;
       int bytes = 0;
-      if (t < len) {
-        const int32_t pg = __ldg(pages + row + (t >> p.page_shift));  // page sizes are powers of two: no 64-bit division
-        if (pg >= 0 && pg < p.num_pages) {
-          src = pool + (int64_t{pg} * H + h) * p.head_block_bytes + (t & (p.page_size - 1)) * Gm::kCode + inrow;
+      if (t < len32) {
+        const int32_t pg = __ldg(prow + (t >> p.page_shift));  // page sizes are powers of two
+        if (static_cast<uint32_t>(pg) < npages32) {
+          src = hpool + pg * page_stride + ((t & page_mask) * Gm::kCode + inrow);
           bytes = 16;
-        } else if (p.status) {
-          atomicOr(p.status, 1);
+        } else {
+          bad_page = true;
         }
       }
       cp_async16(dst + byte, src, bytes);  // bytes = 0 zero-fills: padding tokens never hold stale NaNs
     }
     if constexpr (Gm::kMeta > 0) {
-      for (int i = tid; i < Gm::kTileMetaBytes / 16; i += kThreads) {
-        constexpr int kM = Gm::kMeta > 0 ? Gm::kMeta : 1;
-        const int byte = i * 16, tok = byte / kM, inrow = byte % kM;
-        const int64_t t = t0 + tok;
-        const void* src = pool;
+      constexpr int kM = Gm::kMeta > 0 ? Gm::kMeta : 1;
+      constexpr int kMetaPieces = Gm::kTileMetaBytes / 16;
+#pragma unroll
+      for (int k = 0; k < (kMetaPieces + kThreads - 1) / kThreads; ++k) {
+        const int i = tid + k * kThreads;
+        if (kMetaPieces % kThreads != 0 && i >= kMetaPieces) break;
+        const int byte = i * 16, tok = byte / kM, inrow = byte - tok * kM;
+        const int t = t0 + tok;
+        const void* src = hpool;
         int bytes = 0;
-        if (t < len && tok < kTile) {
-          const int32_t pg = __ldg(pages + row + (t >> p.page_shift));  // page sizes are powers of two: no 64-bit division
-          if (pg >= 0 && pg < p.num_pages) {
-            src = pool + (int64_t{pg} * H + h) * p.head_block_bytes + int64_t{p.page_size} * Gm::kCode +
-                  (t & (p.page_size - 1)) * Gm::kMeta + inrow;
+        if (t < len32 && tok < kTile) {
+          const int32_t pg = __ldg(prow + (t >> p.page_shift));
+          if (static_cast<uint32_t>(pg) < npages32) {
+            src = hpool + pg * page_stride + (p.page_size * Gm::kCode + (t & page_mask) * Gm::kMeta + inrow);
             bytes = 16;
           }
         }
@@ -700,6 +717,7 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     slot = slot + 1 == p.stages ? 0 : slot + 1;
   }
   cp_async_wait(0);
+  if (bad_page && p.status) atomicOr(p.status, 1);
 
   // Arrival: the last CTA of this (sequence, kv head) merges; it resets the counter so a graph replay starts clean.
   __threadfence();
