@@ -446,6 +446,18 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
 #pragma unroll
       for (int i = 0; i < 8; ++i) qreg[g][i] = qsrc[g * D + part * 8 + i];
   }
+  // A chunk's partial (per-warp P.V sums in red_s, then m, l) to the workspace: the warps are summed in order.
+  auto store_chunk_partial = [&](int c) {
+    __syncthreads();
+    const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
+    for (int i = tid; i < p.group * D; i += kThreads) {
+      const int g = i / D, d = i % D;
+      float a = 0.f;
+      for (int w2 = 0; w2 < kWarps; ++w2) a += red_s[(w2 * GMAX + g) * D + d];
+      p.ws_acc[base * p.group * D + i] = a;
+    }
+    if (tid < p.group) p.ws_ml[base * p.group + tid] = make_float2(m_s[tid], l_s[tid]);
+  };
   int slot = 0, pslot = p.stages - 1;
   while (cons.c < n_chunks) {
     if (prod.c < n_chunks) {
@@ -656,15 +668,7 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc2[mt][i] = 0.f;
         }
-        __syncthreads();
-        const int64_t base = (int64_t{b} * H + h) * p.max_chunks + cons.c;
-        for (int i = tid; i < p.group * D; i += kThreads) {
-          const int g = i / D, d = i % D;
-          float a = 0.f;
-          for (int w2 = 0; w2 < kWarps; ++w2) a += red_s[(w2 * GMAX + g) * D + d];
-          p.ws_acc[base * p.group * D + i] = a;
-        }
-        if (tid < p.group) p.ws_ml[base * p.group + tid] = make_float2(m_s[tid], l_s[tid]);
+        store_chunk_partial(cons.c);
       }
     } else {
       // P.V: thread (octet vo, slice vs) accumulates its 8 output elements over tokens vs, vs+kSlices, ...
@@ -701,15 +705,7 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
             if (lane < Gm::kOct) red_s[(warp * GMAX + g) * D + vo * 8 + i] = a;
             acc[g][i] = 0.f;
           }
-        __syncthreads();
-        const int64_t base = (int64_t{b} * H + h) * p.max_chunks + cons.c;
-        for (int i = tid; i < p.group * D; i += kThreads) {
-          const int g = i / D, d = i % D;
-          float a = 0.f;
-          for (int w2 = 0; w2 < kWarps; ++w2) a += red_s[(w2 * GMAX + g) * D + d];
-          p.ws_acc[base * p.group * D + i] = a;
-        }
-        if (tid < p.group) p.ws_ml[base * p.group + tid] = make_float2(m_s[tid], l_s[tid]);
+        store_chunk_partial(cons.c);
       }
     }
     __syncthreads();
