@@ -28,7 +28,8 @@ def num(x):
     except ValueError:
         return 0.0
 tot = sum(num(r[c_exec]) for r in body) if c_exec is not None else 0
-print(f"lines {len(body)}  executed warp instructions {tot:,.0f}")
+stall_tot = sum(num(r[c_stall]) for r in body) if c_stall is not None else 0
+print(f"lines {len(body)}  executed warp instructions {tot:,.0f}  stall samples {stall_tot:,.0f}")
 hist = collections.Counter()
 for r in body:
     op = r[c_src].strip().split()

@@ -43,6 +43,8 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   KVPACK_CU_CHECK(a.q && a.out, "run_decode: null q or out");
   KVPACK_CU_CHECK(a.k_pool && a.v_pool, "run_decode: null K or V page pool");
   KVPACK_CU_CHECK(a.table.pages, "run_decode: null page table (pages/indices)");
+  KVPACK_CU_CHECK(reinterpret_cast<uintptr_t>(a.k_pool) % 16 == 0 && reinterpret_cast<uintptr_t>(a.v_pool) % 16 == 0,
+                  "run_decode: K and V page pools must be 16-byte aligned (tiles are copied in 16-byte pieces)");
   KVPACK_CU_CHECK(a.table.seq_lens || (a.table.row_start && a.table.last_page_len),
                "run_decode: page table needs seq_lens, or indptr and last_page_len");
   KVPACK_CU_CHECK(a.table.row_start || a.table.row_stride > 0, "run_decode: block table needs max_blocks_per_seq > 0");

@@ -116,6 +116,56 @@ __device__ __forceinline__ void cp_async_wait(int n) {
   }
 }
 
+// Hopper bulk copies (TMA, 1-D): one instruction moves a page's run of a tile (>= 256 B for every format at page
+// size 16) into shared memory and signals an mbarrier with the byte count; the per-16-byte cp.async pieces they
+// replace cost address arithmetic on every thread (half of fp8's instructions in v10's profile). sm_80 keeps the
+// cp.async ring.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVPACK_DECODE_BULK 1
+#else
+#define KVPACK_DECODE_BULK 0
+#endif
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if KVPACK_DECODE_BULK
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if KVPACK_DECODE_BULK
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if KVPACK_DECODE_BULK
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if KVPACK_DECODE_BULK
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+#endif
+}
+// Generic-proxy writes (zero fills) to shared memory that bulk copies will later overwrite.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if KVPACK_DECODE_BULK
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // Sum v[] over the `lanes` consecutive lanes of a token (lanes a power of two >= N), scattering the results: on
 // return v[0] holds the full sum of head (part / (lanes / N)) where part = lane % lanes. Summation order is fixed.
 template <int N, int Lanes>
@@ -376,6 +426,67 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     }
   };
 
+  // Bulk path: warp 0 issues a tile as one copy per page run (lane i: run i; a tile has at most 512 / 16 runs) and
+  // arms the slot's mbarrier with the tile's byte count; every thread waits on it. Bytes of the tile no copy writes
+  // (past the sequence's end, or pages outside the pool) are zero-filled by warp 0 first, so stale shared memory
+  // never reaches P.V (0 * NaN). The slot being filled was released by the previous iteration's closing barrier.
+  constexpr bool kBulk = KVPACK_DECODE_BULK != 0;
+  __shared__ alignas(8) uint64_t bar_s[kMaxStages];
+  uint32_t phase_bits = 0;
+  static_assert(kTile / 16 <= 32, "one lane per page run");
+  auto zero_smem = [&](uint8_t* d, int from, int to) {  // 16-byte aligned bounds; warp 0's lanes cooperate
+    for (int o = from + lane * 16; o < to; o += 32 * 16) *reinterpret_cast<uint4*>(d + o) = make_uint4(0, 0, 0, 0);
+  };
+  auto issue_bulk = [&](const Cursor& cu, int slot) {
+    if (warp != 0) return;
+    uint8_t* dst = smem + size_t(slot) * Gm::kStageBytes;
+    const uint8_t* hpool = (cu.kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes;
+    const int t0 = cu.c * kChunkTokens + cu.tile * kTile;
+    const int ntok = min(kTile, len32 - t0);  // > 0: the cursor only visits tiles holding tokens
+    const int run = min(p.page_size, kTile);  // pages never cross a tile boundary, nor tiles a page's
+    const int tok_off = lane * run;
+    uint8_t* cdst = dst + tok_off * Gm::kCode;
+    uint8_t* mdst = dst + Gm::kTileCodeBytes + tok_off * Gm::kMeta;
+    uint32_t cbytes = 0, mbytes = 0;
+    const uint8_t* csrc = nullptr;
+    const uint8_t* msrc = nullptr;
+    bool zeroed = false;
+    if (tok_off < ntok) {
+      const int t = t0 + tok_off, n = min(run, ntok - tok_off), off = t & page_mask;
+      // Whole 16-byte pieces; they stay inside the page (page_size x code or meta bytes is a multiple of 16).
+      cbytes = (n * Gm::kCode + 15) & ~15;
+      mbytes = (n * Gm::kMeta + 15) & ~15;
+      const int32_t pg = __ldg(prow + (t >> p.page_shift));
+      if (static_cast<uint32_t>(pg) < npages32) {
+        const uint8_t* block = hpool + pg * page_stride;
+        csrc = block + off * Gm::kCode;
+        msrc = block + p.page_size * Gm::kCode + off * Gm::kMeta;
+      } else {
+        bad_page = true;
+        zeroed = true;
+        for (uint32_t o = 0; o < cbytes; o += 16) *reinterpret_cast<uint4*>(cdst + o) = make_uint4(0, 0, 0, 0);
+        for (uint32_t o = 0; o < mbytes; o += 16) *reinterpret_cast<uint4*>(mdst + o) = make_uint4(0, 0, 0, 0);
+        cbytes = mbytes = 0;
+      }
+    }
+    if (ntok < kTile) {
+      zeroed = true;
+      zero_smem(dst, (ntok * Gm::kCode + 15) & ~15, Gm::kTileCodeBytes);
+      if constexpr (Gm::kMeta > 0) zero_smem(dst + Gm::kTileCodeBytes, (ntok * Gm::kMeta + 15) & ~15, Gm::kTileMetaBytes);
+    }
+    if (__any_sync(0xffffffffu, zeroed)) fence_proxy_async_smem();
+    const uint32_t total = __reduce_add_sync(0xffffffffu, cbytes + mbytes);
+    if (lane == 0) mbar_arrive_expect_tx(&bar_s[slot], total);
+    __syncwarp();
+    if (cbytes) bulk_copy(cdst, csrc, cbytes, &bar_s[slot]);
+    if (mbytes) bulk_copy(mdst, msrc, mbytes, &bar_s[slot]);
+  };
+  if constexpr (kBulk) {
+    if (tid == 0)
+      for (int s = 0; s < p.stages; ++s) mbar_init(&bar_s[s], 1);
+    __syncthreads();
+  }
+
   constexpr int kAccRows = P::kMmaQ || P::kMmaV ? 1 : GMAX;
   float acc[kAccRows][8];
 #pragma unroll
@@ -394,10 +505,11 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
   Cursor prod{split, 0, 0}, cons{split, 0, 0};
   for (int s = 0; s < p.stages - 1; ++s) {
     if (prod.c < n_chunks) {
-      issue(prod, s);
+      if constexpr (kBulk) issue_bulk(prod, s);
+      else issue(prod, s);
       advance(prod);
     }
-    cp_async_commit();
+    if constexpr (!kBulk) cp_async_commit();
   }
   __syncthreads();  // q_s visible
   // This thread's octet of every query head, for the whole CTA lifetime: no shared-memory traffic for q.
@@ -461,13 +573,19 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
   int slot = 0, pslot = p.stages - 1;
   while (cons.c < n_chunks) {
     if (prod.c < n_chunks) {
-      issue(prod, pslot);
+      if constexpr (kBulk) issue_bulk(prod, pslot);
+      else issue(prod, pslot);
       advance(prod);
     }
-    cp_async_commit();
     pslot = pslot + 1 == p.stages ? 0 : pslot + 1;
-    cp_async_wait(p.stages - 1);
-    __syncthreads();
+    if constexpr (kBulk) {
+      mbar_wait(&bar_s[slot], (phase_bits >> slot) & 1u);
+      phase_bits ^= 1u << slot;
+    } else {
+      cp_async_commit();
+      cp_async_wait(p.stages - 1);
+      __syncthreads();
+    }
 
     const uint8_t* tile = smem + size_t(slot) * Gm::kStageBytes;
     const uint8_t* meta = tile + Gm::kTileCodeBytes;
@@ -712,7 +830,7 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     advance(cons);
     slot = slot + 1 == p.stages ? 0 : slot + 1;
   }
-  cp_async_wait(0);
+  if constexpr (!kBulk) cp_async_wait(0);
   if (bad_page && p.status) atomicOr(p.status, 1);
 
   // Arrival: the last CTA of this (sequence, kv head) merges; it resets the counter so a graph replay starts clean.
