@@ -2,12 +2,13 @@
 // Decode attention over the paged cache: one query token per sequence, GQA, split-KV with a deterministic
 // in-kernel merge (the last CTA of a (sequence, kv head) folds the chunk partials in chunk order).
 //
-// Structure of one CTA (128 threads, one kv head of one sequence, chunks split, split+S, split+2S, ...):
-//   a cp.async ring of `stages` tiles (each tile = kTile tokens of K or of V, codes then metadata) streams
-//   K tiles then V tiles of every chunk; per chunk: scores for all its tokens (8 threads per token, octets of 8
-//   elements, shuffle reduction), an exact chunk softmax (max, exp2, sum), then P.V with fp32 accumulators, and the
-//   chunk's partial (m, l, acc) goes to the workspace. Per-chunk arithmetic never depends on the plan, and the fold
-//   order is fixed, so results are bitwise identical across plans, batches and runs.
+// Structure of one CTA (256 threads, one kv head of one sequence, chunks split, split+S, split+2S, ...):
+//   a ring of `stages` tiles (each tile = kTile tokens of K or of V, codes then metadata; on sm_90 filled by bulk
+//   copies that warp 0 issues, one per page run, on sm_80 by cp.async) streams K tiles then V tiles of every chunk;
+//   per chunk: scores for all its tokens (tensor cores for bf16/fp8/q formats, an octet-per-thread FMA loop for
+//   int4/int4h), an exact chunk softmax (max, exp2, sum), then P.V with fp32 accumulators (tensor cores except
+//   int4/int4h), and the chunk's partial (m, l, acc) goes to the workspace. Per-chunk arithmetic never depends on
+//   the plan, and the fold order is fixed, so results are bitwise identical across plans, batches and runs.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -284,7 +285,6 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
     __syncthreads();
     hadamard_cooperative<GMAX, D>(q_s);
   }
-  [[maybe_unused]] typename CtxOf<P>::type kctx{}, vctx{};
   // Tensor-core q path: thread (r = lane / 4, t4 = lane % 4) decodes K groups t4 + 4j (its k-slice of the score
   // mma) and V groups r + 8j (its rows of the swap-AB P.V mma) for the CTA's whole life.
   [[maybe_unused]] typename CtxOf<P>::type kctxm[P::kMmaQ ? D / 32 : 1], vctxm[P::kMmaQ ? D / 64 : 1];
@@ -346,9 +346,6 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
       const uint8_t* vbits = p.fp.qv.head(h, D).group_bits;
 #pragma unroll
       for (int j = 0; j < D / 64; ++j) vctxm[j] = P::octet_ctx(vbits, r + 8 * j);
-    } else {
-      kctx = P::octet_ctx(kq.group_bits, tid % Gm::kOct);
-      vctx = P::octet_ctx(p.fp.qv.head(h, D).group_bits, tid % Gm::kOct);
     }
   }
 
@@ -552,11 +549,10 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
         qa[ks][hh] = r < p.group && r < GMAX ? P::pack_q(qrow[base + 2 * hh], qrow[base + 2 * hh + 1]) : 0u;
     }
   } else {
-    const float* qsrc = P::kQ ? red_s : q_s;
 #pragma unroll
     for (int g = 0; g < GMAX; ++g)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) qreg[g][i] = qsrc[g * D + part * 8 + i];
+      for (int i = 0; i < 8; ++i) qreg[g][i] = q_s[g * D + part * 8 + i];
   }
   // A chunk's partial (per-warp P.V sums in red_s, then m, l) to the workspace: the warps are summed in order.
   auto store_chunk_partial = [&](int c) {
@@ -652,6 +648,7 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
         }
       } else {
         // Scores: kOct threads per token, one octet each (q in registers); fixed-order shuffle reduction.
+        static_assert(!P::kQ, "q formats take the tensor-core paths");
         const int tk = tid / Gm::kTPT;
   #pragma unroll 2
         for (int pass = 0; pass < kTile / Gm::kTokPerPass; ++pass) {
@@ -660,8 +657,7 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
           const uint8_t* mp = meta + tok * Gm::kMeta;
           float s[GMAX];
           float x[8];
-          if constexpr (P::kQ) P::dequant_octet(rowp, kctx, x);
-          else P::dequant8(rowp, part, mp, x);
+          P::dequant8(rowp, part, mp, x);
           // Formats with a scale per octet (int4's group scale) scale the octet's sum once.
           [[maybe_unused]] const float osc = P::octet_scale(mp, part);
   #pragma unroll
@@ -674,15 +670,8 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
           // Reduce-scatter over the token's kOct lanes: each level halves the heads a lane carries (GMAX - 1 + ...
           // shuffles instead of log2(kOct) x GMAX); lane part ends with head part / (kOct / GMAX). Fixed order.
           const int head = reduce_scatter<GMAX, Gm::kTPT>(s, part);
-          if (part % (Gm::kTPT / GMAX) == 0) {
-            if constexpr (P::kQ) {
-              const bool live = tok < valid && chunk0 + tloc0 + tok >= n_sink;
-              p_s[(tloc0 + tok) * GMAX + head] = live ? fmaf(tau_s[mp[0]], s[0], c0_s[head]) : -INFINITY;
-            } else {
-              const float ks = P::k_token_scale(mp);
-              p_s[(tloc0 + tok) * GMAX + head] = tok < valid ? s[0] * ks : -INFINITY;
-            }
-          }
+          if (part % (Gm::kTPT / GMAX) == 0)
+            p_s[(tloc0 + tok) * GMAX + head] = tok < valid ? s[0] * P::k_token_scale(mp) : -INFINITY;
         }
       }
       if (last_tile) {
@@ -795,14 +784,8 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
       for (int t = vs; t < valid; t += Gm::kSlices) {
         const uint8_t* mp = meta + t * Gm::kMeta;
         float x[8];
-        float vsc;
-        if constexpr (P::kQ) {
-          P::dequant_octet(tile + t * Gm::kCode, vctx, x);
-          vsc = tau_s[mp[0]];
-        } else {
-          P::dequant8(tile + t * Gm::kCode, vo, mp, x);
-          vsc = P::kHasOctetScale ? P::v_token_scale(mp) * P::octet_scale(mp, vo) : P::v_token_scale(mp);
-        }
+        P::dequant8(tile + t * Gm::kCode, vo, mp, x);
+        const float vsc = P::kHasOctetScale ? P::v_token_scale(mp) * P::octet_scale(mp, vo) : P::v_token_scale(mp);
         const float* pr = p_s + (tloc0 + t) * GMAX;
 #pragma unroll
         for (int g = 0; g < GMAX; ++g) {

@@ -316,12 +316,12 @@ struct Int4Policy {
 };
 
 // q4 / q3.5 / q3 (block::QBlock): per (layer, kv head) a static transform, per group of 8 channels a run-time bit
-// width b (0..8) and per token one scale byte tau. In the decode kernel a thread owns one octet (= one group) for
-// its whole life, so b, the group's byte offset and mask are per-thread constants (OctetCtx) and a token's group is
-// three 32-bit shared loads + two funnel shifts; every element is then 2 k - (2^b - 1) = 2 (k - o) in fp32 through
-// the 2^23 magic number (shift, lop3, fadd: no I2F). The factor 1/2, the steps and G^T fold into the
-// query (keys) and into the output (values); tau multiplies the score and the probability; q . mu is one constant
-// per head. So the inner loop is the same FMA loop as every other format's.
+// width b (0..8) and per token one scale byte tau. In the decode kernel a thread owns the same groups for its whole
+// life (K: groups t4 + 4j, V: groups r + 8j of the mma fragments), so b, the group's byte offset and masks are
+// per-thread constants (OctetCtx); a token's group is three 32-bit shared loads + two funnel shifts, and its codes
+// become 2 k - (2^b - 1) = 2 (k - o) exactly in f16 pairs (octet_f16x2) for the tensor-core products. The factor
+// 1/2, the steps and G^T fold into the query (keys) and into the output (values); tau multiplies the score and the
+// probability; q . mu is one constant per head.
 template <int BitsX2>
 struct QPolicy {
   static constexpr Format kFormat = BitsX2 == 8 ? Format::q4 : BitsX2 == 7 ? Format::q3_5 : Format::q3;
@@ -346,7 +346,6 @@ struct QPolicy {
     int off = 0;          // first code byte of the group in the token's codes
     int b = 0;            // bits 0..8
     uint32_t mask2 = 0;   // ((1 << b) - 1) << 1: the code shifted to bit 1 (= 2k)
-    float magic = 0.f;    // 2^23 + (2^b - 1)
     uint32_t mask2x2 = 0; // mask2 in both f16 halves
     uint32_t sub2 = 0;    // f16x2 (1024 + 2^b - 1, same): 1024 + 2k minus it is 2 (k - o), exactly
     uint32_t sh1 = 0;     // max(b - 1, 0): code 1 of a half to bit 1
@@ -356,7 +355,6 @@ struct QPolicy {
     for (int g = 0; g < octet; ++g) c.off += group_bits[g];
     c.b = group_bits[octet];
     c.mask2 = ((1u << c.b) - 1u) << 1;
-    c.magic = 8388608.0f + static_cast<float>((1 << c.b) - 1);
     c.mask2x2 = c.mask2 | (c.mask2 << 16);
     const uint32_t h = 0x6400u + ((1u << c.b) - 1u);  // 1024 + 2^b - 1 < 2048: f16 ulp 1, exact
     c.sub2 = h | (h << 16);
@@ -391,25 +389,7 @@ struct QPolicy {
       r[i] = *reinterpret_cast<const uint32_t*>(&d);
     }
   }
-  // out[i] = 2 * (k_i - o) exactly, for the group's 8 channels (0 for a 0-bit group: mask and offset are 0).
-  // Codes 0..3 lie in the low 32 bits of the group (3b + b <= 32), codes 4..7 in the 32 bits from bit 4b; each
-  // element is one shift, one lop3 (mask, or 2^23's exponent) and one fadd. Reads up to 11 bytes past the group's
-  // first byte (inside the shared-memory stage: codes are followed by the metadata area).
-  __device__ __forceinline__ static void dequant_octet(const uint8_t* row, const OctetCtx& c, float out[8]) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(row + c.off);
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
-    const uint32_t sh = static_cast<uint32_t>(a & 3u) * 8u;
-    const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
-    const uint32_t lo = __funnelshift_r(w0, w1, sh), mid = __funnelshift_r(w1, w2, sh);
-    const uint32_t hi = __funnelshift_rc(lo, mid, 4 * c.b);
-    const int b = c.b;
-    const uint32_t k[8] = {lo << 1, lo >> (b - 1 < 0 ? 0 : b - 1), lo >> (2 * b - 1 < 0 ? 0 : 2 * b - 1),
-                           lo >> (3 * b - 1 < 0 ? 0 : 3 * b - 1), hi << 1, hi >> (b - 1 < 0 ? 0 : b - 1),
-                           hi >> (2 * b - 1 < 0 ? 0 : 2 * b - 1), hi >> (3 * b - 1 < 0 ? 0 : 3 * b - 1)};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = __uint_as_float(0x4B000000u | (k[i] & c.mask2)) - c.magic;
-  }
-  // Unused by the q path of the kernels (they call dequant_octet); present so generic code compiles.
+  // Unused by the q path of the kernels (tensor cores, octet_f16x2); present so generic code compiles.
   __device__ __forceinline__ static void dequant8(const uint8_t*, int, const uint8_t*, float out[8]) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) out[i] = 0.f;
