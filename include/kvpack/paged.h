@@ -100,6 +100,12 @@ struct QHostParams {
   std::vector<float> mean, fwd, inv, step, inv_step, rms_weight;
   std::vector<uint8_t> group_bits;
   block::QHeadTable table() const;  // host pointers into this object, head_stride 1
+  // The table with every array passed through place(vector) -> pointer (e.g. a device copy of it), head_stride 1.
+  template <class Place>
+  block::QHeadTable table_via(Place&& place) const {
+    return block::QHeadTable::from(block::QParams{place(mean), place(fwd), place(inv), place(step), place(inv_step),
+                                                  place(rms_weight), place(group_bits)});
+  }
 };
 // Plausible synthetic parameters (tests, benchmarks): a random orthogonal transform per head (G = F^T), a random
 // bit allocation filling the format's code bytes (some 0-bit groups), steps of the optimal uniform quantiser of a

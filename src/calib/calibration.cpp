@@ -45,17 +45,7 @@ block::QHeadTable QFormatTables::layer_table(int layer, int n_kv_heads, KvKind k
   const int slot = (layer * n_kv_heads) * 2 + static_cast<int>(kind);
   KVPACK_CHECK(slot >= 0 && slot + 2 * (n_kv_heads - 1) < n_slots, "calibration: layer {} is outside the file's {} slots",
                layer, n_slots);
-  const block::QParams p = params(slot);
-  block::QHeadTable t;
-  t.mean = p.mean;
-  t.fwd = p.fwd;
-  t.inv = p.inv;
-  t.step = p.step;
-  t.inv_step = p.inv_step;
-  t.rms_weight = p.rms_weight;
-  t.group_bits = p.group_bits;
-  t.head_stride = 2;
-  return t;
+  return block::QHeadTable::from(params(slot), 2);  // slots interleave (head, K|V)
 }
 
 std::string calibration_model_id(const ModelConfig& c) {

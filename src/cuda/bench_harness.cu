@@ -149,15 +149,7 @@ struct DecodeBench::Impl {
     return d;
   }
   block::QHeadTable upload_q(const QHostParams& q) {
-    block::QHeadTable t;
-    t.mean = upload(q.mean);
-    t.fwd = upload(q.fwd);
-    t.inv = upload(q.inv);
-    t.step = upload(q.step);
-    t.inv_step = upload(q.inv_step);
-    t.rms_weight = upload(q.rms_weight);
-    t.group_bits = upload(q.group_bits);
-    return t;
+    return q.table_via([this](const auto& v) { return upload(v); });
   }
 };
 

@@ -10,16 +10,7 @@
 namespace kvpack {
 
 block::QHeadTable QHostParams::table() const {
-  block::QHeadTable t;
-  t.mean = mean.data();
-  t.fwd = fwd.data();
-  t.inv = inv.data();
-  t.step = step.data();
-  t.inv_step = inv_step.data();
-  t.rms_weight = rms_weight.data();
-  t.group_bits = group_bits.data();
-  t.head_stride = 1;
-  return t;
+  return table_via([](const auto& v) { return v.data(); });
 }
 
 QHostParams synthetic_q_params(Format f, int num_heads, int D, uint64_t seed) {

@@ -187,15 +187,8 @@ struct DevQ {
       : mean(q.mean), fwd(q.fwd), inv(q.inv), step(q.step), inv_step(q.inv_step), rms_weight(q.rms_weight),
         group_bits(q.group_bits) {}
   block::QHeadTable table() const {
-    block::QHeadTable t;
-    t.mean = mean.p;
-    t.fwd = fwd.p;
-    t.inv = inv.p;
-    t.step = step.p;
-    t.inv_step = inv_step.p;
-    t.rms_weight = rms_weight.p;
-    t.group_bits = group_bits.p;
-    return t;
+    return block::QHeadTable::from(
+        block::QParams{mean.p, fwd.p, inv.p, step.p, inv_step.p, rms_weight.p, group_bits.p});
   }
 };
 

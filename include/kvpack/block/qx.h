@@ -52,6 +52,19 @@ struct QHeadTable {
                    inv_step + s * D,     rms_weight + s * D,        group_bits + s * (D / 8)};
   }
   KVPACK_HD bool valid() const { return mean && fwd && inv && step && inv_step && rms_weight && group_bits; }
+  // The table whose head 0 is p (the one place that lists the fields; every producer goes through it).
+  static QHeadTable from(const QParams& p, int head_stride = 1) {
+    QHeadTable t;
+    t.mean = p.mean;
+    t.fwd = p.fwd;
+    t.inv = p.inv;
+    t.step = p.step;
+    t.inv_step = p.inv_step;
+    t.rms_weight = p.rms_weight;
+    t.group_bits = p.group_bits;
+    t.head_stride = head_stride;
+    return t;
+  }
 };
 
 // Bits of format (x2 so 3.5 is an integer) -> code bytes for head_dim D: bits*D/8 minus the scale byte.
