@@ -10,6 +10,21 @@
 namespace kvpack {
 namespace cuda_detail {
 
+// A token's slot -> the (page, kv head) block it lands in and its offset there. Padding (slot < 0) and slots
+// outside the pool (reported in status bit 1, never written) give nullptr. Every write kernel goes through this.
+__device__ __forceinline__ uint8_t* slot_block(int64_t slot, int64_t num_pages, int page_size, int num_kv_heads,
+                                               int head, int64_t head_block_bytes, uint8_t* pool, int32_t* status,
+                                               int& off) {
+  if (slot < 0) return nullptr;
+  if (slot >= num_pages * page_size) {
+    if (status) atomicOr(status, 1);
+    return nullptr;
+  }
+  const int64_t page = slot / page_size;
+  off = static_cast<int>(slot % page_size);
+  return pool + (page * num_kv_heads + head) * head_block_bytes;
+}
+
 // One thread per (token, kv head, K/V, octet): neighbouring threads write neighbouring 16/8/4-byte pieces of one
 // token vector, so both the bf16 reads and the code writes are coalesced. Prefill (many tokens) and decode (one
 // per sequence) are the same launch with a different num_tokens.
@@ -28,15 +43,10 @@ __global__ void write_kv_kernel(const uint16_t* __restrict__ k, const uint16_t* 
   r /= 2;
   const int head = static_cast<int>(r % num_kv_heads);
   const int64_t tok = r / num_kv_heads;
-  const int64_t slot = slots[tok];
-  if (slot < 0) return;  // padding
-  if (slot >= num_pages * page_size) {
-    if (status) atomicOr(status, 1);
-    return;
-  }
-  const int64_t page = slot / page_size;
-  const int off = static_cast<int>(slot % page_size);
-  uint8_t* block = (kv ? v_pool : k_pool) + (page * num_kv_heads + head) * head_block_bytes;
+  int off = 0;
+  uint8_t* block = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes, kv ? v_pool : k_pool,
+                              status, off);
+  if (!block) return;
   uint8_t* row = block + int64_t{off} * P::code_bytes(D);
   uint8_t* meta = block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D);
   const uint16_t* in = (kv ? v : k) + (tok * num_kv_heads + head) * D;
@@ -58,14 +68,10 @@ __global__ void write_kv_vec_kernel(const uint16_t* __restrict__ k, const uint16
   const int kv = static_cast<int>(idx % 2);
   const int head = static_cast<int>((idx / 2) % num_kv_heads);
   const int64_t tok = idx / 2 / num_kv_heads;
-  const int64_t slot = slots[tok];
-  if (slot < 0) return;
-  if (slot >= num_pages * page_size) {
-    if (status) atomicOr(status, 1);
-    return;
-  }
-  const int64_t page = slot / page_size;
-  const int off = static_cast<int>(slot % page_size);
+  int off = 0;
+  uint8_t* block = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes, kv ? v_pool : k_pool,
+                              status, off);
+  if (!block) return;
   const uint4* in = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * D);
   float x[D];
 #pragma unroll
@@ -80,7 +86,6 @@ __global__ void write_kv_vec_kernel(const uint16_t* __restrict__ k, const uint16
   }
   __align__(16) uint8_t codes[kCode + (kMeta > 0 ? kMeta : 4)];
   P::template encode_vec<D>(x, codes, codes + kCode, params, head, kv == 1);
-  uint8_t* block = (kv ? v_pool : k_pool) + (page * num_kv_heads + head) * head_block_bytes;
   if constexpr (P::kQ) {
     // q codes are 31/27/23/63/55/47 bytes: unaligned, written bytewise (the block core's bytes as they are).
     uint8_t* dst = block + int64_t{off} * kCode;
@@ -117,14 +122,10 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
   r /= 2;
   const int head = static_cast<int>(r % num_kv_heads);
   const int64_t tok = r / num_kv_heads;
-  const int64_t slot = slots[tok];
-  if (slot < 0) return;
-  if (slot >= num_pages * page_size) {
-    if (status) atomicOr(status, 1);
-    return;
-  }
-  const int64_t page = slot / page_size;
-  const int off = static_cast<int>(slot % page_size);
+  int off = 0;
+  uint8_t* block = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes, kv ? v_pool : k_pool,
+                              status, off);
+  if (!block) return;
   const uint4* in = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * D + grp * E);
   float x[E];
 #pragma unroll
@@ -137,7 +138,6 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
       x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
     }
   }
-  uint8_t* block = (kv ? v_pool : k_pool) + (page * num_kv_heads + head) * head_block_bytes;
   P::encode_group(x, grp, block + int64_t{off} * P::code_bytes(D),
                   block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D), params, head,
                   kv == 1);
@@ -189,23 +189,18 @@ __global__ void __launch_bounds__(256) write_kv_q_kernel(const uint16_t* __restr
   if (threadIdx.x >= kQTile) return;
   const int64_t tok = tok0 + threadIdx.x;
   if (tok >= num_tokens) return;
-  const int64_t slot = slots[tok];
-  if (slot < 0) return;
-  if (slot >= num_pages * page_size) {
-    if (status) atomicOr(status, 1);
-    return;
-  }
+  int off = 0;
+  uint8_t* block = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes, kv ? v_pool : k_pool,
+                              status, off);
+  if (!block) return;
   const float* y = y_s + threadIdx.x * kRow;
   const uint8_t e = Block::scale_byte_of(p, y);
   uint8_t codes[kCode];
   Block::quantize(p, y, e, codes);
-  const int64_t page = slot / page_size;
-  const int off = static_cast<int>(slot % page_size);
-  uint8_t* blk = (kv ? v_pool : k_pool) + (page * num_kv_heads + head) * head_block_bytes;
-  uint8_t* dst = blk + int64_t{off} * kCode;
+  uint8_t* dst = block + int64_t{off} * kCode;
 #pragma unroll
   for (int i = 0; i < kCode; ++i) dst[i] = codes[i];
-  blk[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
+  block[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
 }
 
 template <class P, int D>
