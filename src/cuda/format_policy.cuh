@@ -345,8 +345,7 @@ struct QPolicy {
   struct OctetCtx {
     int off = 0;          // first code byte of the group in the token's codes
     int b = 0;            // bits 0..8
-    uint32_t mask2 = 0;   // ((1 << b) - 1) << 1: the code shifted to bit 1 (= 2k)
-    uint32_t mask2x2 = 0; // mask2 in both f16 halves
+    uint32_t mask2x2 = 0; // ((1 << b) - 1) << 1 (the code shifted to bit 1, = 2k) in both f16 halves
     uint32_t sub2 = 0;    // f16x2 (1024 + 2^b - 1, same): 1024 + 2k minus it is 2 (k - o), exactly
     uint32_t sh1 = 0;     // max(b - 1, 0): code 1 of a half to bit 1
   };
@@ -354,8 +353,8 @@ struct QPolicy {
     OctetCtx c;
     for (int g = 0; g < octet; ++g) c.off += group_bits[g];
     c.b = group_bits[octet];
-    c.mask2 = ((1u << c.b) - 1u) << 1;
-    c.mask2x2 = c.mask2 | (c.mask2 << 16);
+    const uint32_t mask2 = ((1u << c.b) - 1u) << 1;
+    c.mask2x2 = mask2 | (mask2 << 16);
     const uint32_t h = 0x6400u + ((1u << c.b) - 1u);  // 1024 + 2^b - 1 < 2048: f16 ulp 1, exact
     c.sub2 = h | (h << 16);
     c.sh1 = c.b > 0 ? static_cast<uint32_t>(c.b - 1) : 0u;
