@@ -224,10 +224,19 @@ struct Cursor {
   int tile;  // tile index inside the chunk
 };
 
+// Resident CTAs per SM the kernel is compiled for (its register cap: 2 -> at most 128 registers, 16 warps per SM).
+// Up to 4 query heads every path fits 128 registers. With 8 heads the CUDA-core path (int4/int4h) needs ~230 (q and
+// the accumulators alone are 128): one CTA per SM. The tensor-core paths with 8 heads and head_dim 128 want ~170;
+// capped at 128 they spill a few registers and one CTA runs ~15% slower, but two CTAs per SM run 1.2-1.4x faster
+// whenever the grid has more CTAs than the GPU has SMs (run 20261203T142455Z). So they get both variants and the
+// launch picks by grid size (kFatVariant, launch_decode).
+template <class P, int GMAX>
+inline constexpr int kLeanMinBlocks = GMAX <= 4 || P::kMmaK || P::kMmaQ ? 2 : 1;
 template <class P, int D, int GMAX>
-// Up to 4 query heads: at most 128 registers so two CTAs (16 warps) share an SM; 8 heads need ~230 (q and the
-// accumulators alone are 128), so one CTA per SM.
-__global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(const DecodeKernelParams p) {
+inline constexpr bool kFatVariant = kLeanMinBlocks<P, GMAX> == 2 && GMAX == 8 && D == 128;
+
+template <class P, int D, int GMAX, int MinBlocks>
+__global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const DecodeKernelParams p) {
   using Gm = Geo<P, D>;
   constexpr int kTile = Gm::kTile;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -977,7 +986,7 @@ __global__ void __launch_bounds__(kThreads, GMAX <= 4 ? 2 : 1) decode_kernel(con
 
 // Raising the dynamic shared-memory limit is a host-side attribute, not a stream operation: done once per
 // instantiation (to the maximum any plan can ask) so run() stays capturable.
-template <class P, int D, int GMAX>
+template <class P, int D, int GMAX, int MinBlocks>
 void ensure_smem_attr() {
   using Gm = Geo<P, D>;
   static std::once_flag once;
@@ -986,7 +995,7 @@ void ensure_smem_attr() {
     int dev = 0, optin = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    cudaFuncSetAttribute(decode_kernel<P, D, GMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(decode_kernel<P, D, GMAX, MinBlocks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(std::min<size_t>(max_smem, optin)));
     cudaGetLastError();  // no device (host-only planning): leave the error unsticky
   });
@@ -996,9 +1005,19 @@ template <class P, int D, int GMAX>
 void launch_decode(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
   using Gm = Geo<P, D>;
   const size_t smem = size_t(kp.stages) * Gm::kStageBytes + smem_extra_bytes<GMAX>(D);
-  ensure_smem_attr<P, D, GMAX>();
   dim3 grid(kp.num_splits, kp.num_kv_heads, batch);
-  decode_kernel<P, D, GMAX><<<grid, kThreads, smem, stream>>>(kp);
+  // One wave or less: per-CTA latency decides, so the uncapped (one CTA per SM) variant. The choice depends only on
+  // the plan and the GPU, and both variants run the same arithmetic (identical PTX up to the register cap).
+  if constexpr (kFatVariant<P, D, GMAX>) {
+    if (int64_t{kp.num_splits} * kp.num_kv_heads * batch <= device_sm_count()) {
+      ensure_smem_attr<P, D, GMAX, 1>();
+      decode_kernel<P, D, GMAX, 1><<<grid, kThreads, smem, stream>>>(kp);
+      return;
+    }
+  }
+  constexpr int kMin = kLeanMinBlocks<P, GMAX>;
+  ensure_smem_attr<P, D, GMAX, kMin>();
+  decode_kernel<P, D, GMAX, kMin><<<grid, kThreads, smem, stream>>>(kp);
 }
 
 // Launch for one format: instantiated in decode_<format>.cu.
@@ -1025,10 +1044,16 @@ int ctas_per_sm_format(int head_dim, int group, int stages) {
     };
     using Gm = Geo<P, D>;
     const size_t st = size_t(stages) * Gm::kStageBytes;
-    if (group == 1) return ensure_smem_attr<P, D, 1>(), q(decode_kernel<P, D, 1>, st + smem_extra_bytes<1>(D));
-    if (group == 2) return ensure_smem_attr<P, D, 2>(), q(decode_kernel<P, D, 2>, st + smem_extra_bytes<2>(D));
-    if (group <= 4) return ensure_smem_attr<P, D, 4>(), q(decode_kernel<P, D, 4>, st + smem_extra_bytes<4>(D));
-    return ensure_smem_attr<P, D, 8>(), q(decode_kernel<P, D, 8>, st + smem_extra_bytes<8>(D));
+    // The variant that runs when CTAs outnumber SMs (occupancy only matters then).
+    auto of = [&]<int G>() {
+      constexpr int m = kLeanMinBlocks<P, G>;
+      ensure_smem_attr<P, D, G, m>();
+      return q(decode_kernel<P, D, G, m>, st + smem_extra_bytes<G>(D));
+    };
+    if (group == 1) return of.template operator()<1>();
+    if (group == 2) return of.template operator()<2>();
+    if (group <= 4) return of.template operator()<4>();
+    return of.template operator()<8>();
   });
 }
 extern template int ctas_per_sm_format<Bf16Policy>(int, int, int);
