@@ -359,52 +359,55 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
     std::vector<int64_t> lens{5000, 1, 2049, 511, 8192};
     PagedBatch pb = make_batch(l, lens, rng);
     DevBatch db(pb);
-    const int qo = 8;
-    auto q = random_bf16(lens.size() * qo * 128, rng, 2.0f);
-    AttnResult base = run_attention(pb, db, q, qo, true, 1, 2);
-    expect_close(compare(pb, q, qo, base));
-    for (int splits : {1, 2, 3, 7, 16, 64})
-      for (int stages : {2, 3, 4, 6}) {
-        for (bool csr : {true, false}) {
-          AttnResult r = run_attention(pb, db, q, qo, csr, splits, stages, 16384);
-          ASSERT_EQ(r.out, base.out) << "splits " << splits << " stages " << stages << " csr " << csr;
-          ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
+    // qo 8: group 4. qo 16: group 8, whose tensor-core kernels come in two register variants picked by grid size
+    // (v12): splits 1..64 x 2 kv heads x 5 sequences span 10..640 CTAs, on both sides of the GPU's SM count.
+    for (int qo : {8, 16}) {
+      auto q = random_bf16(lens.size() * qo * 128, rng, 2.0f);
+      AttnResult base = run_attention(pb, db, q, qo, true, 1, 2);
+      expect_close(compare(pb, q, qo, base));
+      for (int splits : {1, 2, 3, 7, 16, 64})
+        for (int stages : {2, 3, 4, 6}) {
+          for (bool csr : {true, false}) {
+            AttnResult r = run_attention(pb, db, q, qo, csr, splits, stages, 16384);
+            ASSERT_EQ(r.out, base.out) << "splits " << splits << " stages " << stages << " csr " << csr;
+            ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
+          }
         }
+      // The fallback plan and repeated runs.
+      for (int rep = 0; rep < 3; ++rep) {
+        AttnResult r = run_attention(pb, db, q, qo, true, 0, 0);
+        ASSERT_EQ(r.out, base.out) << "run " << rep;
       }
-    // The fallback plan and repeated runs.
-    for (int rep = 0; rep < 3; ++rep) {
-      AttnResult r = run_attention(pb, db, q, qo, true, 0, 0);
-      ASSERT_EQ(r.out, base.out) << "run " << rep;
-    }
-    // Batch composition: a permuted batch (same pool, permuted table rows) gives the permuted outputs bit for bit,
-    // and a sequence alone gives the same bits as inside the batch.
-    std::vector<int> perm{3, 0, 4, 2, 1};
-    PagedBatch pb2 = pb;
-    pb2.lens.clear();
-    pb2.indptr = {0};
-    pb2.indices.clear();
-    pb2.last_page_len.clear();
-    pb2.seq_lens.clear();
-    pb2.block_table.clear();
-    pb2.sink_rows.clear();
-    std::vector<uint16_t> q2;
-    for (int i : perm) {
-      pb2.lens.push_back(pb.lens[i]);
-      for (int j = pb.indptr[i]; j < pb.indptr[i + 1]; ++j) pb2.indices.push_back(pb.indices[j]);
-      pb2.indptr.push_back(static_cast<int32_t>(pb2.indices.size()));
-      pb2.last_page_len.push_back(pb.last_page_len[i]);
-      pb2.seq_lens.push_back(pb.seq_lens[i]);
-      if (!pb.sink_rows.empty()) pb2.sink_rows.push_back(pb.sink_rows[i]);
-      pb2.block_table.insert(pb2.block_table.end(), pb.block_table.begin() + size_t(i) * pb.max_blocks,
-                             pb.block_table.begin() + size_t(i + 1) * pb.max_blocks);
-      q2.insert(q2.end(), q.begin() + size_t(i) * qo * 128, q.begin() + size_t(i + 1) * qo * 128);
-    }
-    DevBatch db2(pb2);
-    for (int splits : {0, 5}) {
-      AttnResult r = run_attention(pb2, db2, q2, qo, splits % 2 == 0, splits, 3);
-      for (size_t k = 0; k < perm.size(); ++k)
-        ASSERT_TRUE(bits_equal(r.out.data() + k * qo * 128, base.out.data() + size_t(perm[k]) * qo * 128, qo * 128 * 2))
-            << "permuted row " << k;
+      // Batch composition: a permuted batch (same pool, permuted table rows) gives the permuted outputs bit for bit,
+      // and a sequence alone gives the same bits as inside the batch.
+      std::vector<int> perm{3, 0, 4, 2, 1};
+      PagedBatch pb2 = pb;
+      pb2.lens.clear();
+      pb2.indptr = {0};
+      pb2.indices.clear();
+      pb2.last_page_len.clear();
+      pb2.seq_lens.clear();
+      pb2.block_table.clear();
+      pb2.sink_rows.clear();
+      std::vector<uint16_t> q2;
+      for (int i : perm) {
+        pb2.lens.push_back(pb.lens[i]);
+        for (int j = pb.indptr[i]; j < pb.indptr[i + 1]; ++j) pb2.indices.push_back(pb.indices[j]);
+        pb2.indptr.push_back(static_cast<int32_t>(pb2.indices.size()));
+        pb2.last_page_len.push_back(pb.last_page_len[i]);
+        pb2.seq_lens.push_back(pb.seq_lens[i]);
+        if (!pb.sink_rows.empty()) pb2.sink_rows.push_back(pb.sink_rows[i]);
+        pb2.block_table.insert(pb2.block_table.end(), pb.block_table.begin() + size_t(i) * pb.max_blocks,
+                               pb.block_table.begin() + size_t(i + 1) * pb.max_blocks);
+        q2.insert(q2.end(), q.begin() + size_t(i) * qo * 128, q.begin() + size_t(i + 1) * qo * 128);
+      }
+      DevBatch db2(pb2);
+      for (int splits : {0, 5}) {
+        AttnResult r = run_attention(pb2, db2, q2, qo, splits % 2 == 0, splits, 3);
+        for (size_t k = 0; k < perm.size(); ++k)
+          ASSERT_TRUE(bits_equal(r.out.data() + k * qo * 128, base.out.data() + size_t(perm[k]) * qo * 128, qo * 128 * 2))
+              << "permuted row " << k;
+      }
     }
   }
 }
