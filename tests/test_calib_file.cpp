@@ -216,6 +216,38 @@ TEST(QBlock, HandBuiltParamsGiveExactBytes) {
   }
 }
 
+// The GPU write path quantises one group per thread (quantize_group at group_offset); the bytes must be those of
+// quantize(), also for a bad table whose groups overflow the block (skipped there exactly as unpack skips them).
+TEST(QBlock, GroupByGroupEqualsWholeVector) {
+  const int D = 64;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> mean(D, 0.0f), eye(D * D, 0.0f), step(D), inv_step(D), w(D, 1.0f / D), y(D);
+  for (int i = 0; i < D; ++i) eye[i * D + i] = 1.0f;
+  const uint8_t good[8] = {8, 6, 5, 4, 3, 3, 2, 0};   // 31 bytes
+  const uint8_t bad[8] = {8, 8, 8, 4, 9, 4, 2, 2};    // 9 bits is invalid; 8+8+8+4+4 = 32 > 31: the last fit skipped
+  for (const uint8_t* bits : {good, bad}) {
+    for (int c = 0; c < D; ++c) {
+      step[c] = 0.2f;
+      inv_step[c] = 5.0f;
+    }
+    block::QParams p{mean.data(), eye.data(), eye.data(), step.data(), inv_step.data(), w.data(), bits};
+    using QB = block::Q4Block<D>;
+    for (int rep = 0; rep < 50; ++rep) {
+      for (auto& v : y) v = nd(rng) * 1.5f;
+      const uint8_t e = QB::scale_byte_of(p, y.data());
+      uint8_t whole[QB::kCodeBytes], parts[QB::kCodeBytes];
+      std::memset(whole, 0xA5, sizeof whole);  // poisoned: untouched bytes must stay untouched in both
+      std::memset(parts, 0xA5, sizeof parts);
+      QB::quantize(p, y.data(), e, whole);
+      const float inv_tau = block::decode_scale_byte_inv(e);
+      for (int g = QB::kGroups - 1; g >= 0; --g)  // any order: groups own disjoint bytes
+        QB::quantize_group(p, y.data(), inv_tau, g, QB::group_offset(p, g), parts);
+      ASSERT_EQ(std::memcmp(whole, parts, sizeof whole), 0) << "rep " << rep;
+    }
+  }
+}
+
 TEST(QBlock, NonFiniteInputsGiveFiniteOutput) {
   const ModelConfig c = tiny_config();
   const Calibration cal = fitted_calibration(c, 300);

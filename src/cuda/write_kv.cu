@@ -143,30 +143,35 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
                   kv == 1);
 }
 
-// q formats: one CTA per (tile of kQTile tokens, kv head, K|V). The head's forward transform F is staged in shared
-// memory once per CTA; the D x kQTile matrix-vector products run on all threads (lanes = tokens, so every F read is
-// a broadcast and the padded token rows are conflict-free); then one thread per token picks the scale byte and
-// quantises. Bit-identical to the CPU encoder by construction: every coefficient is the block core's
-// transform_row, the scale byte and the codes its scale_byte_of and quantize (the v7 one-thread-per-vector encoder
-// took 640 us for one decode step; see bench/NOTES.md).
+// q formats: one CTA of 512 threads per (tile of kQTile tokens, kv head, K|V). The head's forward transform F is
+// staged in shared memory once per CTA; the D x kQTile matrix-vector products run on all 16 warps (lanes = tokens,
+// so every F read is a broadcast and the padded token rows are conflict-free); one thread per token picks the scale
+// byte; then one thread per (token, group of 8 channels) quantises its group and writes its bytes. Bit-identical to
+// the CPU encoder by construction: every coefficient is the block core's transform_row, the scale byte its
+// scale_byte_of, each group's bytes its quantize_group (what quantize() runs group by group). v13: the quantisation
+// was one thread per token (its codes in a stack array with run-time indices), ~30 us per decode step; see
+// bench/NOTES.md.
 constexpr int kQTile = 32;
+constexpr int kQThreads = 512;
 template <int D>
 constexpr size_t q_write_smem_bytes() {
   return sizeof(float) * (size_t(D) * D + 2 * size_t(kQTile) * (D + 1));
 }
 template <class P, int D>
-__global__ void __launch_bounds__(256) write_kv_q_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-                                                         const int32_t* __restrict__ slots, int num_tokens,
-                                                         int num_kv_heads, int page_size, int64_t head_block_bytes,
-                                                         int64_t num_pages, uint8_t* __restrict__ k_pool,
-                                                         uint8_t* __restrict__ v_pool, FormatParams params,
-                                                         int32_t* status) {
+__global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                                                               const int32_t* __restrict__ slots, int num_tokens,
+                                                               int num_kv_heads, int page_size, int64_t head_block_bytes,
+                                                               int64_t num_pages, uint8_t* __restrict__ k_pool,
+                                                               uint8_t* __restrict__ v_pool, FormatParams params,
+                                                               int32_t* status) {
   using Block = typename P::template Block<D>;
-  constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D), kRow = D + 1;
+  constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D), kRow = D + 1, kGroups = D / 8;
   extern __shared__ __align__(16) float qsm[];
   float* F = qsm;                       // [D][D]
   float* t_s = F + D * D;               // [kQTile][D + 1] centred inputs
   float* y_s = t_s + kQTile * kRow;     // [kQTile][D + 1] transformed coefficients
+  __shared__ float inv_tau_s[kQTile];
+  __shared__ int goff_s[kGroups];
   const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
   const int64_t tok0 = int64_t{blockIdx.x} * kQTile;
   const block::QParams p0 = (kv ? params.qv : params.qk).head(head, D);
@@ -179,6 +184,7 @@ __global__ void __launch_bounds__(256) write_kv_q_kernel(const uint16_t* __restr
     const float x = tok < num_tokens ? bf16_to_f32(src[(tok * num_kv_heads + head) * D + c]) : 0.f;
     t_s[tt * kRow + c] = Block::centre(p0, x, c);
   }
+  if (threadIdx.x < kGroups) goff_s[threadIdx.x] = Block::group_offset(p0, threadIdx.x);
   __syncthreads();
   block::QParams p = p0;
   p.fwd = F;
@@ -186,21 +192,29 @@ __global__ void __launch_bounds__(256) write_kv_q_kernel(const uint16_t* __restr
   static_assert(kQTile == 32, "lanes are tokens");
   for (int r = warp; r < D; r += warps) y_s[lane * kRow + r] = Block::transform_row(p, t_s + lane * kRow, r);
   __syncthreads();
-  if (threadIdx.x >= kQTile) return;
-  const int64_t tok = tok0 + threadIdx.x;
-  if (tok >= num_tokens) return;
-  int off = 0;
-  uint8_t* block = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes, kv ? v_pool : k_pool,
-                              status, off);
-  if (!block) return;
-  const float* y = y_s + threadIdx.x * kRow;
-  const uint8_t e = Block::scale_byte_of(p, y);
-  uint8_t codes[kCode];
-  Block::quantize(p, y, e, codes);
-  uint8_t* dst = block + int64_t{off} * kCode;
-#pragma unroll
-  for (int i = 0; i < kCode; ++i) dst[i] = codes[i];
-  block[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
+  // Scale byte per token (warp 0, lane = token): stored at once, its 1/tau shared with the token's group threads.
+  if (threadIdx.x < kQTile) {
+    const int64_t tok = tok0 + threadIdx.x;
+    const uint8_t e = Block::scale_byte_of(p, y_s + threadIdx.x * kRow);
+    inv_tau_s[threadIdx.x] = block::decode_scale_byte_inv(e);
+    int off = 0;
+    uint8_t* blk = tok < num_tokens ? slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes,
+                                                 kv ? v_pool : k_pool, status, off)
+                                    : nullptr;
+    if (blk) blk[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kQTile * kGroups; i += blockDim.x) {
+    const int tt = i / kGroups, g = i % kGroups;
+    const int64_t tok = tok0 + tt;
+    if (tok >= num_tokens) continue;
+    int off = 0;
+    // Out-of-pool slots were reported by the scale-byte thread; here they are only skipped.
+    uint8_t* blk = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes,
+                              kv ? v_pool : k_pool, nullptr, off);
+    if (!blk) continue;
+    Block::quantize_group(p, y_s + tt * kRow, inv_tau_s[tt], g, goff_s[g], blk + int64_t{off} * kCode);
+  }
 }
 
 template <class P, int D>
@@ -212,9 +226,9 @@ void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
     cudaGetLastError();
   });
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kQTile - 1) / kQTile), static_cast<unsigned>(l.num_kv_heads * 2));
-  write_kv_q_kernel<P, D><<<grid, 256, smem, st>>>(a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size,
-                                                   l.head_block_bytes, a.num_pages, a.k_pool, a.v_pool, a.params,
-                                                   a.status);
+  write_kv_q_kernel<P, D><<<grid, kQThreads, smem, st>>>(a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads,
+                                                         l.page_size, l.head_block_bytes, a.num_pages, a.k_pool,
+                                                         a.v_pool, a.params, a.status);
 }
 
 // Sink tokens: one thread per (token, kv head, K/V, 16-byte piece) copies the bf16 vector to its sink slot.

@@ -104,26 +104,46 @@ struct QBlock {
     return encode_scale_byte(sqrtf(acc));
   }
 
+  // One group's codes: group g (b_g bits, its first code byte at `off` = sum of the earlier groups' bits) of already-
+  // transformed coefficients at 1/tau = inv_tau, written to codes[off, off + b_g). The GPU write path runs one
+  // thread per (token, group) through this function; quantize() runs it for every group in order.
+  static KVPACK_HD void quantize_group(const QParams& p, const float* y, float inv_tau, int g, int off, uint8_t* codes) {
+    // Params are validated on load; the guard only keeps a bad table from writing past the block.
+    if (!group_coded(p, g, off)) return;
+    const int b = p.group_bits[g];
+    const int top = (1 << b) - 1;
+    const float half = static_cast<float>(1 << (b - 1));
+    uint64_t acc = 0;
+    for (int i = 0; i < 8; ++i) {
+      const int c = 8 * g + i;
+      const float t = y[c] * inv_tau;
+      int k = static_cast<int>(floorf(fmaf(t, p.inv_step[c], half)));
+      k = k < 0 ? 0 : (k > top ? top : k);
+      acc |= static_cast<uint64_t>(k) << (b * i);
+    }
+    for (int j = 0; j < b; ++j) codes[off + j] = static_cast<uint8_t>(acc >> (8 * j));
+  }
+  // Whether group g, starting at code byte `off`, has codes (a bad table's oversized groups are skipped, as unpack does).
+  static KVPACK_HD bool group_coded(const QParams& p, int g, int off) {
+    const int b = p.group_bits[g];
+    return b > 0 && b <= 8 && off + b <= kCodeBytes;
+  }
+  // First code byte of group g: the bits of the coded groups before it.
+  static KVPACK_HD int group_offset(const QParams& p, int g) {
+    int off = 0;
+    for (int h = 0; h < g; ++h)
+      if (group_coded(p, h, off)) off += p.group_bits[h];
+    return off;
+  }
+
   // Quantise already-transformed coefficients with a given scale byte (also used by calibration to fit steps).
   static KVPACK_HD void quantize(const QParams& p, const float* y, uint8_t e, uint8_t* codes) {
     const float inv_tau = decode_scale_byte_inv(e);
     int off = 0;
     for (int g = 0; g < kGroups; ++g) {
-      const int b = p.group_bits[g];
-      // Params are validated on load; the guard only keeps a bad table from writing past the block.
-      if (b == 0 || b > 8 || off + b > kCodeBytes) continue;
-      const int top = (1 << b) - 1;
-      const float half = static_cast<float>(1 << (b - 1));
-      uint64_t acc = 0;
-      for (int i = 0; i < 8; ++i) {
-        const int c = 8 * g + i;
-        const float t = y[c] * inv_tau;
-        int k = static_cast<int>(floorf(fmaf(t, p.inv_step[c], half)));
-        k = k < 0 ? 0 : (k > top ? top : k);
-        acc |= static_cast<uint64_t>(k) << (b * i);
-      }
-      for (int j = 0; j < b; ++j) codes[off + j] = static_cast<uint8_t>(acc >> (8 * j));
-      off += b;
+      if (!group_coded(p, g, off)) continue;
+      quantize_group(p, y, inv_tau, g, off, codes);
+      off += p.group_bits[g];
     }
   }
 
