@@ -409,6 +409,42 @@ TEST(EvalModel, Bf16TwiceIsExactlyZeroAndInt4IsNot) {
   EXPECT_GT(i4.top1_agreement, 0.5);
 }
 
+// --quantize k / v: the format on one half of the cache, bf16 on the other. Each half alone changes the logits, the
+// two differ from each other and from both halves together, and bf16 stays the exact reference.
+TEST(EvalModel, QuantizeOnlyKOrOnlyV) {
+  EVAL_NEED_MODEL();
+  EXPECT_EQ(parse_quantized_kinds("k"), QuantizedKinds::k);
+  EXPECT_EQ(std::string(quantized_kinds_name(QuantizedKinds::v)), "v");
+  try {
+    parse_quantized_kinds("kq");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'kq'"), std::string::npos) << e.what();
+  }
+  const LlamaModel& m = *eval_model();
+  auto tokens = m.tokenizer().encode(
+      "Debian is a free operating system for your computer. The packages are maintained by volunteers who care "
+      "about stability, and every release is tested for months before it is published for everyone to use.",
+      false, false);
+  ASSERT_GE(tokens.size(), 33u);
+  tokens.resize(33);
+  EvalConfig cfg;
+  cfg.window = 16;
+  cfg.max_positions = 32;
+  cfg.progress = false;
+  double kl[3];
+  for (QuantizedKinds q : {QuantizedKinds::kv, QuantizedKinds::k, QuantizedKinds::v}) {
+    auto wl = make_model_window_logits(m, nullptr, q);
+    const EvalResult r = run_eval(*wl, {{"snippet", tokens}}, {Format::bf16, Format::int4}, cfg);
+    EXPECT_EQ(r.texts[0].formats[0].all.kl_mean, 0.0);
+    kl[static_cast<int>(q)] = r.texts[0].formats[1].all.kl_mean;
+    EXPECT_GT(kl[static_cast<int>(q)], 0.0) << quantized_kinds_name(q);
+  }
+  EXPECT_NE(kl[0], kl[1]);
+  EXPECT_NE(kl[0], kl[2]);
+  EXPECT_NE(kl[1], kl[2]);
+}
+
 TEST(EvalModel, RulerEndToEndTinyPrompt) {
   EVAL_NEED_MODEL();
   const LlamaModel& m = *eval_model();

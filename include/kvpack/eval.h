@@ -139,9 +139,16 @@ void plot_eval(const EvalResult& r, const std::string& png_path);
 // Throws the same clear error up front (before a long run) when gnuplot is missing.
 void check_plotter();
 
+// Which cache tensors a format quantises in the harness: both (the product), or only K or only V with the other kept
+// in bf16 (a diagnostic: which half of a format costs the quality). Names "kv", "k", "v".
+enum class QuantizedKinds : int { kv = 0, k, v };
+QuantizedKinds parse_quantized_kinds(const std::string& s);  // throws kvpack::Error naming the bad value
+const char* quantized_kinds_name(QuantizedKinds q);
+
 // Binds WindowLogits to the reference runner: one LlamaSession per window and format, codecs from make_codec()
 // (calib may be null for formats that need none).
-std::unique_ptr<WindowLogits> make_model_window_logits(const LlamaModel& model, const Calibration* calib);
+std::unique_ptr<WindowLogits> make_model_window_logits(const LlamaModel& model, const Calibration* calib,
+                                                       QuantizedKinds kinds = QuantizedKinds::kv);
 
 // ------------------------------------------------------------------------------------------------------------------
 // RULER-style retrieval suite
@@ -252,6 +259,7 @@ std::vector<RulerCell> summarize_ruler(const std::vector<RulerRecord>& records);
 nlohmann::json ruler_to_json(const RulerResult& r);
 std::string ruler_to_table(const RulerResult& r);
 
-std::unique_ptr<RulerModel> make_model_ruler(const LlamaModel& model, const Calibration* calib, int max_context);
+std::unique_ptr<RulerModel> make_model_ruler(const LlamaModel& model, const Calibration* calib, int max_context,
+                                             QuantizedKinds kinds = QuantizedKinds::kv);
 
 }  // namespace kvpack

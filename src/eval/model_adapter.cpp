@@ -12,26 +12,47 @@
 namespace kvpack {
 namespace {
 
+// A format on one of K / V only, bf16 on the other (QuantizedKinds::k / ::v).
+class OneKindCodec final : public KvCodec {
+ public:
+  OneKindCodec(std::unique_ptr<KvCodec> fmt, KvKind kind) : fmt_(std::move(fmt)), bf16_(make_bf16_codec()), kind_(kind) {}
+  std::string name() const override { return fmt_->name() + (kind_ == KvKind::K ? " (K only)" : " (V only)"); }
+  void store(int layer, KvKind kind, int n_tokens, const int* positions, int n_kv_heads, int head_dim,
+             float* x) const override {
+    (kind == kind_ ? fmt_ : bf16_)->store(layer, kind, n_tokens, positions, n_kv_heads, head_dim, x);
+  }
+
+ private:
+  std::unique_ptr<KvCodec> fmt_, bf16_;
+  KvKind kind_;
+};
+
 // One codec per format, made on first use (make_codec checks the calibration against the model and names what is
-// missing, e.g. a q3 run with a file calibrated without q3).
+// missing, e.g. a q3 run with a file calibrated without q3). bf16 is the reference and is never restricted.
 class CodecCache {
  public:
-  CodecCache(const LlamaModel& m, const Calibration* c) : model_(m), calib_(c) {}
+  CodecCache(const LlamaModel& m, const Calibration* c, QuantizedKinds q) : model_(m), calib_(c), kinds_(q) {}
   const KvCodec* get(Format f) {
     auto it = codecs_.find(f);
-    if (it == codecs_.end()) it = codecs_.emplace(f, make_codec(f, model_.config(), calib_)).first;
+    if (it == codecs_.end()) {
+      auto c = make_codec(f, model_.config(), calib_);
+      if (kinds_ != QuantizedKinds::kv && f != Format::bf16)
+        c = std::make_unique<OneKindCodec>(std::move(c), kinds_ == QuantizedKinds::k ? KvKind::K : KvKind::V);
+      it = codecs_.emplace(f, std::move(c)).first;
+    }
     return it->second.get();
   }
 
  private:
   const LlamaModel& model_;
   const Calibration* calib_;
+  QuantizedKinds kinds_;
   std::map<Format, std::unique_ptr<KvCodec>> codecs_;
 };
 
 class ModelWindowLogits final : public WindowLogits {
  public:
-  ModelWindowLogits(const LlamaModel& m, const Calibration* c) : model_(m), codecs_(m, c) {}
+  ModelWindowLogits(const LlamaModel& m, const Calibration* c, QuantizedKinds q) : model_(m), codecs_(m, c, q) {}
   int vocab_size() const override { return model_.config().vocab_size; }
   void run(Format f, std::span<const int32_t> tokens,
            const std::function<void(int, int, const float*)>& cb) override {
@@ -51,8 +72,8 @@ int argmax_of(const std::vector<float>& l) {
 
 class ModelRuler final : public RulerModel {
  public:
-  ModelRuler(const LlamaModel& m, const Calibration* c, int max_context)
-      : model_(m), tok_(m.tokenizer()), codecs_(m, c), max_ctx_(max_context) {}
+  ModelRuler(const LlamaModel& m, const Calibration* c, int max_context, QuantizedKinds q)
+      : model_(m), tok_(m.tokenizer()), codecs_(m, c, q), max_ctx_(max_context) {}
 
   std::vector<int32_t> prompt_tokens(const RulerSample& s) const override {
     // Chat-templated question, then the answer prefix inside the assistant turn (RULER's answer_prefix).
@@ -130,12 +151,24 @@ class ModelRuler final : public RulerModel {
 
 }  // namespace
 
-std::unique_ptr<WindowLogits> make_model_window_logits(const LlamaModel& model, const Calibration* calib) {
-  return std::make_unique<ModelWindowLogits>(model, calib);
+QuantizedKinds parse_quantized_kinds(const std::string& s) {
+  if (s == "kv") return QuantizedKinds::kv;
+  if (s == "k") return QuantizedKinds::k;
+  if (s == "v") return QuantizedKinds::v;
+  fail("quantized kinds '{}': expected kv, k or v", s);
+}
+const char* quantized_kinds_name(QuantizedKinds q) {
+  return q == QuantizedKinds::k ? "k" : q == QuantizedKinds::v ? "v" : "kv";
 }
 
-std::unique_ptr<RulerModel> make_model_ruler(const LlamaModel& model, const Calibration* calib, int max_context) {
-  return std::make_unique<ModelRuler>(model, calib, max_context);
+std::unique_ptr<WindowLogits> make_model_window_logits(const LlamaModel& model, const Calibration* calib,
+                                                       QuantizedKinds kinds) {
+  return std::make_unique<ModelWindowLogits>(model, calib, kinds);
+}
+
+std::unique_ptr<RulerModel> make_model_ruler(const LlamaModel& model, const Calibration* calib, int max_context,
+                                             QuantizedKinds kinds) {
+  return std::make_unique<ModelRuler>(model, calib, max_context, kinds);
 }
 
 }  // namespace kvpack

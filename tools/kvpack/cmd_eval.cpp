@@ -27,6 +27,7 @@ struct Opts {
   std::string json_path;
   CLI::Option* json_opt = nullptr;
   bool quiet = false;
+  std::string quantize = "kv";
 };
 
 std::string read_file(const std::string& path) {
@@ -56,6 +57,7 @@ std::vector<int32_t> tokenize_prefix(const kvpack::Tokenizer& tok, const std::st
 
 int run(const Opts& o) {
   if (!o.plot.empty()) kvpack::check_plotter();
+  const auto kinds = kvpack::parse_quantized_kinds(o.quantize);
   const auto model = kvpack::LlamaModel::load(o.model);
   const auto& cfg = model.config();
   const auto formats = kvpack::parse_format_list(o.formats);
@@ -89,13 +91,14 @@ int run(const Opts& o) {
     texts.push_back(std::move(t));
   }
 
-  auto wl = kvpack::make_model_window_logits(model, calib ? &*calib : nullptr);
+  auto wl = kvpack::make_model_window_logits(model, calib ? &*calib : nullptr, kinds);
   const auto result = kvpack::run_eval(*wl, texts, formats, ec);
 
   const bool json_stdout = o.json_opt->count() > 0 && (o.json_path.empty() || o.json_path == "-");
   auto j = kvpack::eval_to_json(result);
   j["model"] = o.model;
   j["calib"] = o.calib;
+  j["quantized"] = kvpack::quantized_kinds_name(kinds);
   j["texts"] = o.texts;
   if (o.json_opt->count() > 0) {
     if (json_stdout) {
@@ -125,6 +128,10 @@ kvpack::cli::Runner setup(CLI::App* app) {
   o->json_opt = app->add_option("--json", o->json_path, "Write JSON to FILE (or stdout when no FILE is given)")
                     ->expected(0, 1);
   app->add_option("--plot", o->plot, "Write a PNG of KL by position for all formats (needs gnuplot)");
+  app->add_option("--quantize", o->quantize,
+                  "Which of the cache the formats quantise: kv (default), or k / v only with the other in bf16 "
+                  "(diagnostic)")
+      ->check(CLI::IsMember({"kv", "k", "v"}));
   app->add_flag("--quiet", o->quiet, "No progress bar");
   return [o] { return run(*o); };
 }

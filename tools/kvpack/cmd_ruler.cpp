@@ -27,6 +27,7 @@ struct Opts {
   CLI::Option* json_opt = nullptr;
   kvpack::RulerDifficulty difficulty;
   bool quiet = false;
+  std::string quantize = "kv";
 };
 
 std::string read_file(const std::string& path) {
@@ -58,6 +59,7 @@ std::vector<int> parse_lengths(const std::string& list) {
 }
 
 int run(const Opts& o) {
+  const auto kinds = kvpack::parse_quantized_kinds(o.quantize);
   const auto model = kvpack::LlamaModel::load(o.model);
   const auto& cfg = model.config();
   const auto formats = kvpack::parse_format_list(o.formats);
@@ -100,7 +102,7 @@ int run(const Opts& o) {
     f << d.dump(1) << "\n";
   }
 
-  auto rm = kvpack::make_model_ruler(model, calib ? &*calib : nullptr, max_ctx);
+  auto rm = kvpack::make_model_ruler(model, calib ? &*calib : nullptr, max_ctx, kinds);
   kvpack::RulerConfig rc;
   rc.max_new_tokens = o.max_new;
   rc.progress = !o.quiet;
@@ -113,6 +115,7 @@ int run(const Opts& o) {
     auto j = kvpack::ruler_to_json(result);
     j["model"] = o.model;
     j["calib"] = o.calib;
+    j["quantized"] = kvpack::quantized_kinds_name(kinds);
     j["haystacks"] = o.haystacks;
     const auto& d = o.difficulty;
     j["difficulty"] = {{"multikey_distractors", d.multikey_distractors}, {"multivalue_values", d.multivalue_values},
@@ -150,6 +153,10 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--dump-prompts", o->dump, "Write the generated prompts and gold answers as JSON");
   o->json_opt = app->add_option("--json", o->json_path, "Write JSON to FILE (or stdout when no FILE is given)")
                     ->expected(0, 1);
+  app->add_option("--quantize", o->quantize,
+                  "Which of the cache the formats quantise: kv (default), or k / v only with the other in bf16 "
+                  "(diagnostic)")
+      ->check(CLI::IsMember({"kv", "k", "v"}));
   app->add_flag("--quiet", o->quiet, "No progress bar");
   return [o] { return run(*o); };
 }
