@@ -148,7 +148,7 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
 // so every F read is a broadcast and the padded token rows are conflict-free); one thread per token picks the scale
 // byte; then one thread per (token, group of 8 channels) quantises its group and writes its bytes. Bit-identical to
 // the CPU encoder by construction: every coefficient is the block core's transform_row, the scale byte its
-// scale_byte_of, each group's bytes its quantize_group (what quantize() runs group by group). v13: the quantisation
+// scale_byte_of, each group's bytes its quantize_group (what quantize() runs group by group). Before v13a the quantisation
 // was one thread per token (its codes in a stack array with run-time indices), ~30 us per decode step; see
 // bench/NOTES.md.
 constexpr int kQTile = 32;
@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   float* t_s = F + D * D;               // [kQTile][D + 1] centred inputs
   float* y_s = t_s + kQTile * kRow;     // [kQTile][D + 1] transformed coefficients
   __shared__ float inv_tau_s[kQTile];
+  __shared__ uint8_t* codes_s[kQTile];  // each token's code row in the pool, nullptr when not written
   __shared__ int goff_s[kGroups];
   const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
   const int64_t tok0 = int64_t{blockIdx.x} * kQTile;
@@ -192,7 +193,8 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   static_assert(kQTile == 32, "lanes are tokens");
   for (int r = warp; r < D; r += warps) y_s[lane * kRow + r] = Block::transform_row(p, t_s + lane * kRow, r);
   __syncthreads();
-  // Scale byte per token (warp 0, lane = token): stored at once, its 1/tau shared with the token's group threads.
+  // Per token (warp 0, lane = token): its slot resolved once, the scale byte stored, 1/tau and the code row shared
+  // with the token's group threads.
   if (threadIdx.x < kQTile) {
     const int64_t tok = tok0 + threadIdx.x;
     const uint8_t e = Block::scale_byte_of(p, y_s + threadIdx.x * kRow);
@@ -202,18 +204,12 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
                                                  kv ? v_pool : k_pool, status, off)
                                     : nullptr;
     if (blk) blk[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
+    codes_s[threadIdx.x] = blk ? blk + int64_t{off} * kCode : nullptr;
   }
   __syncthreads();
   for (int i = threadIdx.x; i < kQTile * kGroups; i += blockDim.x) {
     const int tt = i / kGroups, g = i % kGroups;
-    const int64_t tok = tok0 + tt;
-    if (tok >= num_tokens) continue;
-    int off = 0;
-    // Out-of-pool slots were reported by the scale-byte thread; here they are only skipped.
-    uint8_t* blk = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes,
-                              kv ? v_pool : k_pool, nullptr, off);
-    if (!blk) continue;
-    Block::quantize_group(p, y_s + tt * kRow, inv_tau_s[tt], g, goff_s[g], blk + int64_t{off} * kCode);
+    if (uint8_t* row = codes_s[tt]) Block::quantize_group(p, y_s + tt * kRow, inv_tau_s[tt], g, goff_s[g], row);
   }
 }
 
