@@ -5,8 +5,10 @@
 
 #if defined(__CUDACC__)
 #define KVPACK_HD __host__ __device__ __forceinline__
+#define KVPACK_UNROLL _Pragma("unroll")
 #else
 #define KVPACK_HD inline
+#define KVPACK_UNROLL
 #endif
 
 namespace kvpack {

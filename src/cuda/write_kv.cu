@@ -147,7 +147,7 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
 // staged in shared memory once per CTA; the D x kQTile matrix-vector products run on all 16 warps (lanes = tokens,
 // so every F read is a broadcast and the padded token rows are conflict-free); one thread per token picks the scale
 // byte; then one thread per (token, group of 8 channels) quantises its group and writes its bytes. Bit-identical to
-// the CPU encoder by construction: every coefficient is the block core's transform_row, the scale byte its
+// the CPU encoder by construction: every coefficient is the block core's transform_rows, the scale byte its
 // scale_byte_of, each group's bytes its quantize_group (what quantize() runs group by group). Before v13a the quantisation
 // was one thread per token (its codes in a stack array with run-time indices), ~30 us per decode step; see
 // bench/NOTES.md.
@@ -189,9 +189,18 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   __syncthreads();
   block::QParams p = p0;
   p.fwd = F;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   static_assert(kQTile == 32, "lanes are tokens");
-  for (int r = warp; r < D; r += warps) y_s[lane * kRow + r] = Block::transform_row(p, t_s + lane * kRow, r);
+  // Warp w computes rows w, w + 16, ... together (D / 16 independent FMA chains per lane; the serial one-row loop was
+  // latency-bound: most of a decode step's 22 us in v13a).
+  constexpr int kRowsPerWarp = D / (kQThreads / 32);
+  static_assert(kRowsPerWarp * (kQThreads / 32) == D, "warps x rows = D");
+  {
+    float yr[kRowsPerWarp];
+    Block::template transform_rows<kRowsPerWarp>(p, t_s + lane * kRow, warp, kQThreads / 32, yr);
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) y_s[lane * kRow + warp + j * (kQThreads / 32)] = yr[j];
+  }
   __syncthreads();
   // Per token (warp 0, lane = token): its slot resolved once, the scale byte stored, 1/tau and the code row shared
   // with the token's group threads.

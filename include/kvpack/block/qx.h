@@ -82,11 +82,25 @@ struct QBlock {
   // Centred input t_c = sanitize(x_c) - mu_c, and one transformed coefficient y_r = sum_c F[r][c] t_c (fixed order).
   // The GPU write path computes rows in parallel through these same two functions.
   static KVPACK_HD float centre(const QParams& p, float x, int c) { return sanitize(x) - p.mean[c]; }
+  // N rows r0, r0 + stride, ... at once (independent chains, so a GPU thread's loads and FMAs overlap), each summed
+  // over c = 0, 1, ... in order: row r gets the same bits whatever N is.
+  template <int N>
+  static KVPACK_HD void transform_rows(const QParams& p, const float* t, int r0, int stride, float* out) {
+    float acc[N];
+    KVPACK_UNROLL
+    for (int j = 0; j < N; ++j) acc[j] = 0.0f;
+    for (int c = 0; c < D; ++c) {
+      const float tc = t[c];
+      KVPACK_UNROLL
+      for (int j = 0; j < N; ++j) acc[j] = fmaf(p.fwd[(r0 + j * stride) * D + c], tc, acc[j]);
+    }
+    KVPACK_UNROLL
+    for (int j = 0; j < N; ++j) out[j] = acc[j];
+  }
   static KVPACK_HD float transform_row(const QParams& p, const float* t, int r) {
-    const float* f = p.fwd + r * D;
-    float acc = 0.0f;
-    for (int c = 0; c < D; ++c) acc = fmaf(f[c], t[c], acc);
-    return acc;
+    float y;
+    transform_rows<1>(p, t, r, 0, &y);
+    return y;
   }
   // Transformed coefficients y = F (sanitize(x) - mu).
   static KVPACK_HD void transform(const QParams& p, const float* x, float* y) {
