@@ -248,6 +248,43 @@ TEST(QBlock, GroupByGroupEqualsWholeVector) {
   }
 }
 
+// The GPU write path computes transform rows in two layouts (row-major F, lanes = tokens, D/16 rows at once; or a
+// transposed copy padded to D + 1, lanes = rows): every coefficient must carry the bits of transform().
+TEST(QBlock, TransformRowsSameBitsInEveryLayout) {
+  constexpr int D = 128;
+  std::mt19937 rng(91);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> F(D * D), Ft(D * (D + 1), std::nanf("")), mean(D), x(D), t(D), y(D);
+  for (auto& v : F) v = nd(rng) * 0.1f;
+  for (auto& v : mean) v = nd(rng) * 0.3f;
+  for (int r = 0; r < D; ++r)
+    for (int c = 0; c < D; ++c) Ft[c * (D + 1) + r] = F[r * D + c];
+  const uint8_t bits[D / 8] = {};
+  block::QParams p{mean.data(), F.data(), F.data(), mean.data(), mean.data(), mean.data(), bits};
+  using QB = block::Q4Block<D>;
+  for (int rep = 0; rep < 20; ++rep) {
+    for (auto& v : x) v = nd(rng) * (rep % 2 ? 30.f : 1.f);
+    QB::transform(p, x.data(), y.data());
+    for (int c = 0; c < D; ++c) t[c] = QB::centre(p, x[c], c);
+    constexpr int N = D / 16;
+    for (int w = 0; w < 16; ++w) {
+      float yr[N];
+      QB::transform_rows<N>(p, t.data(), w, 16, yr);
+      for (int j = 0; j < N; ++j) ASSERT_EQ(std::memcmp(&yr[j], &y[w + 16 * j], 4), 0) << "row " << w + 16 * j;
+    }
+    // Row r of two token vectors at once (the second is t again, one row length further on).
+    std::vector<float> t2(2 * (D + 1));
+    std::copy(t.begin(), t.end(), t2.begin());
+    std::copy(t.begin(), t.end(), t2.begin() + (D + 1));
+    for (int r = 0; r < D; ++r) {
+      float yt[2];
+      QB::dots<2>(Ft.data() + r, 0, D + 1, t2.data(), D + 1, yt);
+      ASSERT_EQ(std::memcmp(&yt[0], &y[r], 4), 0) << "row " << r;
+      ASSERT_EQ(std::memcmp(&yt[1], &y[r], 4), 0) << "row " << r;
+    }
+  }
+}
+
 TEST(QBlock, NonFiniteInputsGiveFiniteOutput) {
   const ModelConfig c = tiny_config();
   const Calibration cal = fitted_calibration(c, 300);

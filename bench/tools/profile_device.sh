@@ -25,6 +25,19 @@ for f in ${PROFILE_FORMATS:-fp8 q4}; do
   {
     echo "##### SASS view"; python3 bench/tools/ncu_hot.py "$tmp/sass_$f.csv" 50
     echo; echo "##### CUDA source view"; python3 bench/tools/ncu_hot.py "$tmp/cuda_$f.csv" 40
+    echo; echo "##### stall reasons (sampled warp states, share of all samples)"
+    ncu --import "$rep" --page raw --csv > "$tmp/raw_$f.csv" 2>&1
+    python3 - "$tmp/raw_$f.csv" <<'PY'
+import csv, io, sys
+t = open(sys.argv[1], errors="replace").read()
+rows = list(csv.reader(io.StringIO(t[t.find('"ID"'):] if '"ID"' in t else t)))
+hdr, val = rows[0], rows[-1]
+num = lambda x: float(x.replace(",", "")) if x.replace(",", "").replace(".", "", 1).isdigit() else 0.0
+st = {h: num(v) for h, v in zip(hdr, val) if h.startswith("smsp__pcsamp_warps_issue_stalled_") and not h.endswith("_not_issued")}
+tot = sum(st.values()) or 1
+for h, v in sorted(st.items(), key=lambda kv: -kv[1])[:16]:
+    print(f"  {h.replace('smsp__pcsamp_warps_issue_stalled_', ''):28} {v:12,.0f} {100 * v / tot:5.1f}%")
+PY
     echo; echo "##### details (warp state, occupancy, launch)"
     ncu --import "$rep" --page details --section WarpStateStats --section Occupancy --section LaunchStats \
       --section SpeedOfLight --section SchedulerStats 2>&1

@@ -524,6 +524,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   // Tensor-core scores (kMmaK): A = the raw bf16 query (exact; 16 rows = heads, rows >= 8 zero), its columns
   // permuted like the format's B fragments (mma_dim_base); the softmax scale multiplies the fp32 score afterwards.
   [[maybe_unused]] uint32_t qa[P::kMmaK ? D / 16 : 1][2];
+  [[maybe_unused]] float qun2[2] = {0.f, 0.f}, c02[2] = {0.f, 0.f};
   if constexpr (P::kMmaQ) {
     // B fragments of the score mma (swap-AB: K rows are the M dimension, query heads the N dimension) for every
     // k-step, built once: lane (r, t4) of k-step 2j + i holds head r's channels (2i, 2i + 4) and (2i + 1, 2i + 5) of
@@ -547,6 +548,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       qfrag_s[e] = make_uint4(hl[0], hl[1], hl[2], hl[3]);
     }
     __syncthreads();
+    // Score constants of this thread's heads 2 t4 and 2 t4 + 1 (score phase, v15).
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int g = 2 * (lane & 3) + i;
+      qun2[i] = g < GMAX ? qunscale_s[g] : 0.f;
+      c02[i] = g < GMAX ? c0_s[g] : 0.f;
+    }
   } else if constexpr (P::kMmaK) {
     const int r = lane >> 2, t4 = lane & 3;
     const uint16_t* qrow = p.q + (int64_t{b} * p.num_qo_heads + h * p.group + (r < p.group ? r : 0)) * D;
@@ -607,6 +615,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         // steps w, w + 8, ...; thread (r, t4) decodes its 4 (D = 128) or 2 groups of tokens r and r + 8 into A
         // fragments and gets back their scores for heads 2 t4, 2 t4 + 1.
         const int r = lane >> 2, t4 = lane & 3;
+        // Tokens of this tile below sink_lim are sink positions (masked out of the chunk).
+        const int64_t sl = int64_t{n_sink} - chunk0 - tloc0;
+        const int sink_lim = sl <= 0 ? 0 : (sl >= kTile ? kTile : static_cast<int>(sl));
         for (int mt = warp; mt * 16 < valid; mt += kWarps) {
           const int tok0 = mt * 16;
           const uint32_t* tw = reinterpret_cast<const uint32_t*>(tile);
@@ -626,13 +637,15 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
               mma_f16_full(c, fa[2 * i], fb[2 * i], fa[2 * i + 1], fb[2 * i + 1], qf.z, qf.w);
             }
           }
+          // v15: the heads' constants live in registers, each token's tau is looked up once, the sink test is a
+          // 32-bit compare (the same fmaf operands as before: the same bits).
+          const float tau2[2] = {tau_s[meta[tok0 + r]], tau_s[meta[tok0 + r + 8]]};
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int g = 2 * t4 + (i & 1), tok = tok0 + r + 8 * (i >> 1);
             if (g < GMAX) {
-              const bool live = tok < valid && chunk0 + tloc0 + tok >= n_sink;
-              p_s[(tloc0 + tok) * GMAX + g] =
-                  live ? fmaf(tau_s[meta[tok]], c[i] * qunscale_s[g], c0_s[g]) : -INFINITY;
+              const bool live = tok < valid && tok >= sink_lim;
+              p_s[(tloc0 + tok) * GMAX + g] = live ? fmaf(tau2[i >> 1], c[i] * qun2[i & 1], c02[i & 1]) : -INFINITY;
             }
           }
         }

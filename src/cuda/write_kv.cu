@@ -144,20 +144,23 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
 }
 
 // q formats: one CTA of 512 threads per (tile of kQTile tokens, kv head, K|V). The head's forward transform F is
-// staged in shared memory once per CTA; the D x kQTile matrix-vector products run on all 16 warps (lanes = tokens,
-// so every F read is a broadcast and the padded token rows are conflict-free); one thread per token picks the scale
-// byte; then one thread per (token, group of 8 channels) quantises its group and writes its bytes. Bit-identical to
-// the CPU encoder by construction: every coefficient is the block core's transform_rows, the scale byte its
-// scale_byte_of, each group's bytes its quantize_group (what quantize() runs group by group). Before v13a the quantisation
-// was one thread per token (its codes in a stack array with run-time indices), ~30 us per decode step; see
-// bench/NOTES.md.
+// staged in shared memory once per CTA. Launches of more than kQSmall tokens (prefill, large decode batches): the
+// D x kQTile matrix-vector products run on all 16 warps, lanes = tokens (every F read a broadcast, the padded token
+// rows conflict-free), each warp's D/16 rows together. Launches of at most kQSmall tokens (kSmall, a small decode
+// step): F is staged transposed (rows padded to D + 1, conflict-free) and lanes = rows, each thread one row of two
+// tokens, so only the real tokens are transformed (before v15 a 1-token step transformed all 32 lanes). One thread
+// per token picks the scale byte; then one thread per (token, group of 8 channels) quantises its group and writes
+// its bytes. Bit-identical to the CPU encoder by construction in both forms: every coefficient is the block core's
+// dots() over c in order, the scale byte its scale_byte_of, each group's bytes its quantize_group (what quantize()
+// runs group by group). History (v13a/v13b/v15) in bench/NOTES.md.
 constexpr int kQTile = 32;
 constexpr int kQThreads = 512;
-template <int D>
+constexpr int kQSmall = 8;
+template <int D, bool kSmall>
 constexpr size_t q_write_smem_bytes() {
-  return sizeof(float) * (size_t(D) * D + 2 * size_t(kQTile) * (D + 1));
+  return sizeof(float) * (size_t(D) * (kSmall ? D + 1 : D) + 2 * size_t(kQTile) * (D + 1));
 }
-template <class P, int D>
+template <class P, int D, bool kSmall>
 __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
                                                                const int32_t* __restrict__ slots, int num_tokens,
                                                                int num_kv_heads, int page_size, int64_t head_block_bytes,
@@ -167,19 +170,33 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   using Block = typename P::template Block<D>;
   constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D), kRow = D + 1, kGroups = D / 8;
   extern __shared__ __align__(16) float qsm[];
-  float* F = qsm;                       // [D][D]
-  float* t_s = F + D * D;               // [kQTile][D + 1] centred inputs
-  float* y_s = t_s + kQTile * kRow;     // [kQTile][D + 1] transformed coefficients
+  float* F = qsm;                                 // [D][D] row-major, or (kSmall) [D][D + 1] transposed
+  float* t_s = F + D * (kSmall ? D + 1 : D);      // [kQTile][D + 1] centred inputs
+  float* y_s = t_s + kQTile * kRow;               // [kQTile][D + 1] transformed coefficients
   __shared__ float inv_tau_s[kQTile];
   __shared__ uint8_t* codes_s[kQTile];  // each token's code row in the pool, nullptr when not written
   __shared__ int goff_s[kGroups];
   const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
   const int64_t tok0 = int64_t{blockIdx.x} * kQTile;
   const block::QParams p0 = (kv ? params.qv : params.qk).head(head, D);
-  for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x)
-    reinterpret_cast<float4*>(F)[i] = reinterpret_cast<const float4*>(p0.fwd)[i];
+  if constexpr (kSmall) {
+    // Coalesced 16-byte reads of F's rows, transposed stores (4-way bank conflicts; lanes taking consecutive rows
+    // instead made the reads 32 separate rows per warp: 11.8 us per 1-token step against 9.2, run 20261203T180037Z).
+    for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x) {
+      const int r = (4 * i) / D, c = (4 * i) % D;
+      const float4 f = reinterpret_cast<const float4*>(p0.fwd)[i];
+      F[(c + 0) * kRow + r] = f.x;
+      F[(c + 1) * kRow + r] = f.y;
+      F[(c + 2) * kRow + r] = f.z;
+      F[(c + 3) * kRow + r] = f.w;
+    }
+  } else {
+    for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x)
+      reinterpret_cast<float4*>(F)[i] = reinterpret_cast<const float4*>(p0.fwd)[i];
+  }
   const uint16_t* src = kv ? v : k;
-  for (int i = threadIdx.x; i < kQTile * D; i += blockDim.x) {
+  constexpr int kStaged = kSmall ? 2 * (kQThreads / D) : kQTile;  // token rows the transform reads
+  for (int i = threadIdx.x; i < kStaged * D; i += blockDim.x) {
     const int tt = i / D, c = i % D;
     const int64_t tok = tok0 + tt;
     const float x = tok < num_tokens ? bf16_to_f32(src[(tok * num_kv_heads + head) * D + c]) : 0.f;
@@ -191,11 +208,19 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   p.fwd = F;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   static_assert(kQTile == 32, "lanes are tokens");
-  // Warp w computes rows w, w + 16, ... together (D / 16 independent FMA chains per lane; the serial one-row loop was
-  // latency-bound: most of a decode step's 22 us in v13a).
-  constexpr int kRowsPerWarp = D / (kQThreads / 32);
-  static_assert(kRowsPerWarp * (kQThreads / 32) == D, "warps x rows = D");
-  {
+  if constexpr (kSmall) {
+    // Lanes = rows: D / 32 warps cover the rows of a token pair, the 16 warps kQThreads / D pairs (>= kQSmall tokens).
+    static_assert(2 * (kQThreads / D) >= kQSmall, "one pass covers a small launch");
+    const int r = (warp % (D / 32)) * 32 + lane, tt = 2 * (warp / (D / 32));
+    float y2[2];
+    Block::template dots<2>(F + r, 0, kRow, t_s + tt * kRow, kRow, y2);
+    y_s[tt * kRow + r] = y2[0];
+    y_s[(tt + 1) * kRow + r] = y2[1];
+  } else {
+    // Warp w computes rows w, w + 16, ... together (D / 16 independent FMA chains per lane; the serial one-row loop
+    // was latency-bound: most of a decode step's 22 us in v13a).
+    constexpr int kRowsPerWarp = D / (kQThreads / 32);
+    static_assert(kRowsPerWarp * (kQThreads / 32) == D, "warps x rows = D");
     float yr[kRowsPerWarp];
     Block::template transform_rows<kRowsPerWarp>(p, t_s + lane * kRow, warp, kQThreads / 32, yr);
 #pragma unroll
@@ -206,7 +231,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   // with the token's group threads.
   if (threadIdx.x < kQTile) {
     const int64_t tok = tok0 + threadIdx.x;
-    const uint8_t e = Block::scale_byte_of(p, y_s + threadIdx.x * kRow);
+    const uint8_t e = tok < num_tokens ? Block::scale_byte_of(p, y_s + threadIdx.x * kRow) : uint8_t{0};
     inv_tau_s[threadIdx.x] = block::decode_scale_byte_inv(e);
     int off = 0;
     uint8_t* blk = tok < num_tokens ? slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes,
@@ -222,18 +247,24 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   }
 }
 
-template <class P, int D>
-void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
-  constexpr size_t smem = q_write_smem_bytes<D>();
+template <class P, int D, bool kSmall>
+void launch_write_q_as(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
+  constexpr size_t smem = q_write_smem_bytes<D, kSmall>();
   static std::once_flag once;
   std::call_once(once, [] {
-    cudaFuncSetAttribute(write_kv_q_kernel<P, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaFuncSetAttribute(write_kv_q_kernel<P, D, kSmall>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
     cudaGetLastError();
   });
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kQTile - 1) / kQTile), static_cast<unsigned>(l.num_kv_heads * 2));
-  write_kv_q_kernel<P, D><<<grid, kQThreads, smem, st>>>(a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads,
-                                                         l.page_size, l.head_block_bytes, a.num_pages, a.k_pool,
-                                                         a.v_pool, a.params, a.status);
+  write_kv_q_kernel<P, D, kSmall><<<grid, kQThreads, smem, st>>>(a.k, a.v, a.slot_mapping, a.num_tokens,
+                                                                 l.num_kv_heads, l.page_size, l.head_block_bytes,
+                                                                 a.num_pages, a.k_pool, a.v_pool, a.params, a.status);
+}
+template <class P, int D>
+void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
+  if (a.num_tokens <= kQSmall) launch_write_q_as<P, D, true>(l, a, st);
+  else launch_write_q_as<P, D, false>(l, a, st);
 }
 
 // Sink tokens: one thread per (token, kv head, K/V, 16-byte piece) copies the bf16 vector to its sink slot.

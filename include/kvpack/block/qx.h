@@ -82,20 +82,26 @@ struct QBlock {
   // Centred input t_c = sanitize(x_c) - mu_c, and one transformed coefficient y_r = sum_c F[r][c] t_c (fixed order).
   // The GPU write path computes rows in parallel through these same two functions.
   static KVPACK_HD float centre(const QParams& p, float x, int c) { return sanitize(x) - p.mean[c]; }
-  // N rows r0, r0 + stride, ... at once (independent chains, so a GPU thread's loads and FMAs overlap), each summed
-  // over c = 0, 1, ... in order: row r gets the same bits whatever N is.
+  // N dot products at once (independent chains, so a GPU thread's loads and FMAs overlap), each summed over c = 0,
+  // 1, ... in order, so a coefficient gets the same bits whatever N and the layout: product j is
+  // sum_c f[j * rs + c * cs] * t[j * ts + c]. Rows of row-major F: rs = stride * D, cs = 1, ts = 0; the GPU write
+  // path's transposed copy for a few tokens: rs = 0, cs = its padded row length, ts = the token row length.
   template <int N>
-  static KVPACK_HD void transform_rows(const QParams& p, const float* t, int r0, int stride, float* out) {
+  static KVPACK_HD void dots(const float* f, int rs, int cs, const float* t, int ts, float* out) {
     float acc[N];
     KVPACK_UNROLL
     for (int j = 0; j < N; ++j) acc[j] = 0.0f;
     for (int c = 0; c < D; ++c) {
-      const float tc = t[c];
       KVPACK_UNROLL
-      for (int j = 0; j < N; ++j) acc[j] = fmaf(p.fwd[(r0 + j * stride) * D + c], tc, acc[j]);
+      for (int j = 0; j < N; ++j) acc[j] = fmaf(f[j * rs + c * cs], t[j * ts + c], acc[j]);
     }
     KVPACK_UNROLL
     for (int j = 0; j < N; ++j) out[j] = acc[j];
+  }
+  // Rows r0, r0 + stride, ... of the transform of one centred vector t.
+  template <int N>
+  static KVPACK_HD void transform_rows(const QParams& p, const float* t, int r0, int stride, float* out) {
+    dots<N>(p.fwd + r0 * D, stride * D, 1, t, 0, out);
   }
   static KVPACK_HD float transform_row(const QParams& p, const float* t, int r) {
     float y;
