@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   const block::QParams p0 = (kv ? params.qv : params.qk).head(head, D);
   if constexpr (kSmall) {
     // Coalesced 16-byte reads of F's rows, transposed stores (4-way bank conflicts; lanes taking consecutive rows
-    // instead made the reads 32 separate rows per warp: 11.8 us per 1-token step against 9.2, run 20261203T180037Z).
+    // instead made the reads 32 separate rows per warp: 11.8 us per 1-token step, run 20261203T180826Z; this form
+    // 10.9 us, run 20261203T180915Z).
     for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x) {
       const int r = (4 * i) / D, c = (4 * i) % D;
       const float4 f = reinterpret_cast<const float4*>(p0.fwd)[i];
