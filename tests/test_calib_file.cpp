@@ -272,6 +272,19 @@ TEST(QBlock, TransformRowsSameBitsInEveryLayout) {
       QB::transform_rows<N>(p, t.data(), w, 16, yr);
       for (int j = 0; j < N; ++j) ASSERT_EQ(std::memcmp(&yr[j], &y[w + 16 * j], 4), 0) << "row " << w + 16 * j;
     }
+    // Register tiles (the prefill form): F with rows padded to D + 4, rows rg + 32 i x four copies of t 16 rows apart.
+    {
+      constexpr int kF = D + 4, R = D / 32, T = 4;
+      std::vector<float> Fp(D * kF, std::nanf("")), tp(16 * 3 * kF + D, std::nanf(""));
+      for (int r = 0; r < D; ++r) std::copy_n(F.begin() + r * D, D, Fp.begin() + r * kF);
+      for (int j = 0; j < T; ++j) std::copy(t.begin(), t.end(), tp.begin() + 16 * j * kF);
+      for (int rg = 0; rg < 32; ++rg) {
+        float yt[R][T];
+        QB::dot_tile<R, T>(Fp.data() + rg * kF, 32 * kF, tp.data(), 16 * kF, yt);
+        for (int i = 0; i < R; ++i)
+          for (int j = 0; j < T; ++j) ASSERT_EQ(std::memcmp(&yt[i][j], &y[rg + 32 * i], 4), 0) << "row " << rg + 32 * i;
+      }
+    }
     // Row r of two token vectors at once (the second is t again, one row length further on).
     std::vector<float> t2(2 * (D + 1));
     std::copy(t.begin(), t.end(), t2.begin());

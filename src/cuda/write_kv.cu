@@ -143,24 +143,33 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
                   kv == 1);
 }
 
-// q formats: one CTA of 512 threads per (tile of kQTile tokens, kv head, K|V). The head's forward transform F is
-// staged in shared memory once per CTA. Launches of more than kQSmall tokens (prefill, large decode batches): the
-// D x kQTile matrix-vector products run on all 16 warps, lanes = tokens (every F read a broadcast, the padded token
-// rows conflict-free), each warp's D/16 rows together. Launches of at most kQSmall tokens (kSmall, a small decode
-// step): F is staged transposed (rows padded to D + 1, conflict-free) and lanes = rows, each thread one row of two
-// tokens, so only the real tokens are transformed (before v15 a 1-token step transformed all 32 lanes). One thread
-// per token picks the scale byte; then one thread per (token, group of 8 channels) quantises its group and writes
-// its bytes. Bit-identical to the CPU encoder by construction in both forms: every coefficient is the block core's
-// dots() over c in order, the scale byte its scale_byte_of, each group's bytes its quantize_group (what quantize()
-// runs group by group). History (v13a/v13b/v15) in bench/NOTES.md.
-constexpr int kQTile = 32;
+// q formats: one CTA of 512 threads per (tile of tokens, kv head, K|V). The head's forward transform F is staged in
+// shared memory once per CTA. Three forms by launch size (QWriteKind):
+//   kSmall (<= kQSmall tokens, a small decode step): F staged transposed (rows padded to D + 1), lanes = rows, each
+//     thread one row of two tokens (dots<2>), so only the real tokens are transformed (v15);
+//   kRows (up to kQTilesFrom tokens): tiles of 32 tokens, lanes = tokens, each warp its D/16 rows together
+//     (transform_rows; every F read a broadcast) (v13b);
+//   kTiles (prefill): tiles of 64 tokens, each thread a register tile of D/32 rows x 4 tokens (dot_tile: 16-byte
+//     loads of F and of the centred inputs, rows padded to D + 4, 8 shared loads per 64 FMAs instead of one load
+//     per FMA) (v16: prefill 1.27x; on 16-64-token launches its 64-token tiles were 0.78-0.83x, hence kRows there).
+// One thread per token picks the scale byte; then one thread per (token, group of 8 channels) quantises its group
+// and writes its bytes. Bit-identical to the CPU encoder by construction in every form: each coefficient is summed
+// over c in order by the block core (dots / transform_rows / dot_tile), the scale byte is its scale_byte_of, each
+// group's bytes its quantize_group (what quantize() runs group by group). History in bench/NOTES.md.
 constexpr int kQThreads = 512;
 constexpr int kQSmall = 8;
-template <int D, bool kSmall>
-constexpr size_t q_write_smem_bytes() {
-  return sizeof(float) * (size_t(D) * (kSmall ? D + 1 : D) + 2 * size_t(kQTile) * (D + 1));
-}
-template <class P, int D, bool kSmall>
+constexpr int kQTilesFrom = 512;  // PagedWriteGpu.ByteExactVsCpuEncoder's launches fall on both sides
+enum class QWriteKind { kSmall, kRows, kTiles };
+template <int D, QWriteKind K>
+struct QWriteGeo {
+  static constexpr bool kSmall = K == QWriteKind::kSmall, kTiles = K == QWriteKind::kTiles;
+  static constexpr int kTok = kTiles ? 64 : 32;                       // tokens per CTA
+  static constexpr int kF = kSmall ? D + 1 : kTiles ? D + 4 : D;      // F's row stride (kSmall: transposed copy)
+  static constexpr int kRow = kTiles ? D + 4 : D + 1;                 // rows of the centred inputs / coefficients
+  // F, then t_s, then y_s (kTiles writes the coefficients over t_s once all are computed).
+  static constexpr size_t kSmem = sizeof(float) * (size_t(D) * kF + (kTiles ? 1 : 2) * size_t(kTok) * kRow);
+};
+template <class P, int D, QWriteKind K>
 __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
                                                                const int32_t* __restrict__ slots, int num_tokens,
                                                                int num_kv_heads, int page_size, int64_t head_block_bytes,
@@ -168,35 +177,36 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
                                                                uint8_t* __restrict__ v_pool, FormatParams params,
                                                                int32_t* status) {
   using Block = typename P::template Block<D>;
-  constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D), kRow = D + 1, kGroups = D / 8;
+  using G = QWriteGeo<D, K>;
+  constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D), kGroups = D / 8;
+  constexpr int kTok = G::kTok, kF = G::kF, kRow = G::kRow;
   extern __shared__ __align__(16) float qsm[];
-  float* F = qsm;                                 // [D][D] row-major, or (kSmall) [D][D + 1] transposed
-  float* t_s = F + D * (kSmall ? D + 1 : D);      // [kQTile][D + 1] centred inputs
-  float* y_s = t_s + kQTile * kRow;               // [kQTile][D + 1] transformed coefficients
-  __shared__ float inv_tau_s[kQTile];
-  __shared__ uint8_t* codes_s[kQTile];  // each token's code row in the pool, nullptr when not written
+  float* F = qsm;                                    // [D][kF] row-major, or (kSmall) transposed
+  float* t_s = F + D * kF;                           // [kTok][kRow] centred inputs
+  float* y_s = G::kTiles ? t_s : t_s + kTok * kRow;  // [kTok][kRow] transformed coefficients
+  __shared__ float inv_tau_s[kTok];
+  __shared__ uint8_t* codes_s[kTok];  // each token's code row in the pool, nullptr when not written
   __shared__ int goff_s[kGroups];
   const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
-  const int64_t tok0 = int64_t{blockIdx.x} * kQTile;
+  const int64_t tok0 = int64_t{blockIdx.x} * kTok;
   const block::QParams p0 = (kv ? params.qv : params.qk).head(head, D);
-  if constexpr (kSmall) {
-    // Coalesced 16-byte reads of F's rows, transposed stores (4-way bank conflicts; lanes taking consecutive rows
-    // instead made the reads 32 separate rows per warp: 11.8 us per 1-token step, run 20261203T180826Z; this form
-    // 10.9 us, run 20261203T180915Z).
-    for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x) {
-      const int r = (4 * i) / D, c = (4 * i) % D;
-      const float4 f = reinterpret_cast<const float4*>(p0.fwd)[i];
-      F[(c + 0) * kRow + r] = f.x;
-      F[(c + 1) * kRow + r] = f.y;
-      F[(c + 2) * kRow + r] = f.z;
-      F[(c + 3) * kRow + r] = f.w;
+  for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x) {
+    const float4 f = reinterpret_cast<const float4*>(p0.fwd)[i];
+    const int r = (4 * i) / D, c = (4 * i) % D;
+    if constexpr (G::kSmall) {
+      // Coalesced 16-byte reads of F's rows, transposed stores (4-way bank conflicts; lanes taking consecutive
+      // rows instead made the reads 32 separate rows per warp: 11.8 us per 1-token step, run 20261203T180826Z; this
+      // form 10.9 us, run 20261203T180915Z).
+      F[(c + 0) * kF + r] = f.x;
+      F[(c + 1) * kF + r] = f.y;
+      F[(c + 2) * kF + r] = f.z;
+      F[(c + 3) * kF + r] = f.w;
+    } else {
+      *reinterpret_cast<float4*>(F + r * kF + c) = f;
     }
-  } else {
-    for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x)
-      reinterpret_cast<float4*>(F)[i] = reinterpret_cast<const float4*>(p0.fwd)[i];
   }
   const uint16_t* src = kv ? v : k;
-  constexpr int kStaged = kSmall ? 2 * (kQThreads / D) : kQTile;  // token rows the transform reads
+  constexpr int kStaged = G::kSmall ? 2 * (kQThreads / D) : kTok;  // token rows the transform reads
   for (int i = threadIdx.x; i < kStaged * D; i += blockDim.x) {
     const int tt = i / D, c = i % D;
     const int64_t tok = tok0 + tt;
@@ -206,20 +216,33 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   if (threadIdx.x < kGroups) goff_s[threadIdx.x] = Block::group_offset(p0, threadIdx.x);
   __syncthreads();
   block::QParams p = p0;
-  p.fwd = F;
+  p.fwd = F;  // kRows reads F's rows through transform_rows (row-major, stride D)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  static_assert(kQTile == 32, "lanes are tokens");
-  if constexpr (kSmall) {
+  if constexpr (G::kSmall) {
     // Lanes = rows: D / 32 warps cover the rows of a token pair, the 16 warps kQThreads / D pairs (>= kQSmall tokens).
     static_assert(2 * (kQThreads / D) >= kQSmall, "one pass covers a small launch");
     const int r = (warp % (D / 32)) * 32 + lane, tt = 2 * (warp / (D / 32));
     float y2[2];
-    Block::template dots<2>(F + r, 0, kRow, t_s + tt * kRow, kRow, y2);
+    Block::template dots<2>(F + r, 0, kF, t_s + tt * kRow, kRow, y2);
     y_s[tt * kRow + r] = y2[0];
     y_s[(tt + 1) * kRow + r] = y2[1];
+  } else if constexpr (G::kTiles) {
+    // Thread = (row group rg: rows rg + 32 i, token group tg: tokens tg + 16 j); a warp's lanes share two row
+    // groups (their F quads 4 banks apart) and cover 16 token groups (their input quads on distinct banks per
+    // 8-lane phase).
+    constexpr int R = D / 32, T = kTok / 16;
+    static_assert(kQThreads == 16 * 32 && 32 * R == D && 16 * T == kTok, "512 threads = 32 row groups x 16 token groups");
+    const int tg = lane % 16, rg = 2 * warp + lane / 16;
+    float yt[R][T];
+    Block::template dot_tile<R, T>(F + rg * kF, 32 * kF, t_s + tg * kRow, 16 * kRow, yt);
+    __syncthreads();  // every thread has read t_s: it becomes y_s
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < T; ++j) y_s[(tg + 16 * j) * kRow + rg + 32 * i] = yt[i][j];
   } else {
-    // Warp w computes rows w, w + 16, ... together (D / 16 independent FMA chains per lane; the serial one-row loop
-    // was latency-bound: most of a decode step's 22 us in v13a).
+    // Lanes = tokens; warp w computes rows w, w + 16, ... together (D / 16 independent FMA chains per lane).
+    static_assert(kTok == 32, "lanes are tokens");
     constexpr int kRowsPerWarp = D / (kQThreads / 32);
     static_assert(kRowsPerWarp * (kQThreads / 32) == D, "warps x rows = D");
     float yr[kRowsPerWarp];
@@ -228,9 +251,9 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
     for (int j = 0; j < kRowsPerWarp; ++j) y_s[lane * kRow + warp + j * (kQThreads / 32)] = yr[j];
   }
   __syncthreads();
-  // Per token (warp 0, lane = token): its slot resolved once, the scale byte stored, 1/tau and the code row shared
-  // with the token's group threads.
-  if (threadIdx.x < kQTile) {
+  // Per token (threads < kTok, one per token): its slot resolved once, the scale byte stored, 1/tau and the code
+  // row shared with the token's group threads.
+  if (threadIdx.x < kTok) {
     const int64_t tok = tok0 + threadIdx.x;
     const uint8_t e = tok < num_tokens ? Block::scale_byte_of(p, y_s + threadIdx.x * kRow) : uint8_t{0};
     inv_tau_s[threadIdx.x] = block::decode_scale_byte_inv(e);
@@ -242,30 +265,32 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
     codes_s[threadIdx.x] = blk ? blk + int64_t{off} * kCode : nullptr;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kQTile * kGroups; i += blockDim.x) {
+  for (int i = threadIdx.x; i < kTok * kGroups; i += blockDim.x) {
     const int tt = i / kGroups, g = i % kGroups;
     if (uint8_t* row = codes_s[tt]) Block::quantize_group(p, y_s + tt * kRow, inv_tau_s[tt], g, goff_s[g], row);
   }
 }
 
-template <class P, int D, bool kSmall>
+template <class P, int D, QWriteKind K>
 void launch_write_q_as(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
-  constexpr size_t smem = q_write_smem_bytes<D, kSmall>();
+  using G = QWriteGeo<D, K>;
   static std::once_flag once;
   std::call_once(once, [] {
-    cudaFuncSetAttribute(write_kv_q_kernel<P, D, kSmall>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
+    cudaFuncSetAttribute(write_kv_q_kernel<P, D, K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(G::kSmem));
     cudaGetLastError();
   });
-  const dim3 grid(static_cast<unsigned>((a.num_tokens + kQTile - 1) / kQTile), static_cast<unsigned>(l.num_kv_heads * 2));
-  write_kv_q_kernel<P, D, kSmall><<<grid, kQThreads, smem, st>>>(a.k, a.v, a.slot_mapping, a.num_tokens,
-                                                                 l.num_kv_heads, l.page_size, l.head_block_bytes,
-                                                                 a.num_pages, a.k_pool, a.v_pool, a.params, a.status);
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + G::kTok - 1) / G::kTok),
+                  static_cast<unsigned>(l.num_kv_heads * 2));
+  write_kv_q_kernel<P, D, K><<<grid, kQThreads, G::kSmem, st>>>(a.k, a.v, a.slot_mapping, a.num_tokens,
+                                                                l.num_kv_heads, l.page_size, l.head_block_bytes,
+                                                                a.num_pages, a.k_pool, a.v_pool, a.params, a.status);
 }
 template <class P, int D>
 void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
-  if (a.num_tokens <= kQSmall) launch_write_q_as<P, D, true>(l, a, st);
-  else launch_write_q_as<P, D, false>(l, a, st);
+  if (a.num_tokens <= kQSmall) launch_write_q_as<P, D, QWriteKind::kSmall>(l, a, st);
+  else if (a.num_tokens < kQTilesFrom) launch_write_q_as<P, D, QWriteKind::kRows>(l, a, st);
+  else launch_write_q_as<P, D, QWriteKind::kTiles>(l, a, st);
 }
 
 // Sink tokens: one thread per (token, kv head, K/V, 16-byte piece) copies the bf16 vector to its sink slot.

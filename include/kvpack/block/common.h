@@ -15,6 +15,16 @@ namespace kvpack::block {
 // 65504 (the fp16 maximum) is far above any real K/V activation and keeps every derived quantity finite.
 constexpr float kMaxInput = 65504.0f;
 
+// Four consecutive floats; on the GPU one 16-byte load (the caller keeps p 16-byte aligned), on the CPU four loads.
+KVPACK_HD void load4(const float* p, float (&v)[4]) {
+#if defined(__CUDA_ARCH__)
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+#else
+  v[0] = p[0], v[1] = p[1], v[2] = p[2], v[3] = p[3];
+#endif
+}
+
 KVPACK_HD float sanitize(float x) {
   if (!(x == x)) return 0.0f;  // NaN
   return x > kMaxInput ? kMaxInput : (x < -kMaxInput ? -kMaxInput : x);

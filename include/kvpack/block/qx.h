@@ -98,6 +98,35 @@ struct QBlock {
     KVPACK_UNROLL
     for (int j = 0; j < N; ++j) out[j] = acc[j];
   }
+  // A register tile: R rows x T vectors (R + T loads per R x T FMAs), each coefficient summed over c in order, four c
+  // per step: element c of row i is f[i * rs + c], of vector j t[j * ts + c]. The GPU write path keeps f, t, rs and
+  // ts 16-byte aligned, so each quad is one 16-byte shared-memory load (load4).
+  template <int R, int T>
+  static KVPACK_HD void dot_tile(const float* f, int rs, const float* t, int ts, float (&out)[R][T]) {
+    static_assert(D % 4 == 0, "quads of c");
+    float acc[R][T];
+    KVPACK_UNROLL
+    for (int i = 0; i < R; ++i)
+      KVPACK_UNROLL
+      for (int j = 0; j < T; ++j) acc[i][j] = 0.0f;
+    for (int c = 0; c < D; c += 4) {
+      float fq[R][4], tq[T][4];
+      KVPACK_UNROLL
+      for (int i = 0; i < R; ++i) load4(f + i * rs + c, fq[i]);
+      KVPACK_UNROLL
+      for (int j = 0; j < T; ++j) load4(t + j * ts + c, tq[j]);
+      KVPACK_UNROLL
+      for (int k = 0; k < 4; ++k)
+        KVPACK_UNROLL
+        for (int i = 0; i < R; ++i)
+          KVPACK_UNROLL
+          for (int j = 0; j < T; ++j) acc[i][j] = fmaf(fq[i][k], tq[j][k], acc[i][j]);
+    }
+    KVPACK_UNROLL
+    for (int i = 0; i < R; ++i)
+      KVPACK_UNROLL
+      for (int j = 0; j < T; ++j) out[i][j] = acc[i][j];
+  }
   // Rows r0, r0 + stride, ... of the transform of one centred vector t.
   template <int N>
   static KVPACK_HD void transform_rows(const QParams& p, const float* t, int r0, int stride, float* out) {
