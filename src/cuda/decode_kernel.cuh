@@ -57,6 +57,24 @@ struct Geo {
   static_assert(kChunkTokens % kTile == 0 && kTile % kTokPerPass == 0, "tile must divide the chunk");
 };
 
+// v17 warp pipeline (sm_90, tensor-core formats): warp w of the CTA owns tokens [64 w, 64 w + 64) of every chunk
+// and streams them as 16-token units (a page run never crosses a unit: pages hold >= 16 tokens) through its own
+// ring of `depth` units carved from the stage buffers (depth = stages x stage bytes / (8 x unit), at most 16).
+template <class P, int D>
+struct WarpPipeGeo {
+  using Gm = Geo<P, D>;
+  static constexpr int kSubTok = kChunkTokens / kWarps;  // 64
+  static constexpr int kSteps = kSubTok / 16;
+  static constexpr int kUnitCode = 16 * Gm::kCode;
+  static constexpr int kUnitMeta = (16 * Gm::kMeta + 15) / 16 * 16;
+  static constexpr int kUnit = kUnitCode + kUnitMeta;
+  static_assert(kUnitCode % 16 == 0, "a unit's codes must be whole 16-byte pieces");
+  static_assert(2 * Gm::kStageBytes >= kWarps * kUnit, "two stages must hold one unit per warp");
+};
+constexpr int kMaxDepth = 16;
+template <class P>
+inline constexpr bool kWarpPipeFormat = P::kMmaQ || (P::kMmaK && P::kMmaV);
+
 template <int GMAX>
 __host__ __device__ constexpr size_t smem_extra_bytes(int D) {
   // q_s[GMAX][D] + p_s[kChunk][GMAX] + red_s[kWarps][GMAX][D], all fp32
@@ -437,6 +455,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   // (past the sequence's end, or pages outside the pool) are zero-filled by warp 0 first, so stale shared memory
   // never reaches P.V (0 * NaN). The slot being filled was released by the previous iteration's closing barrier.
   constexpr bool kBulk = KVPACK_DECODE_BULK != 0;
+  constexpr bool kPipe = kBulk && kWarpPipeFormat<P>;
   __shared__ alignas(8) uint64_t bar_s[kMaxStages];
   uint32_t phase_bits = 0;
   static_assert(kTile / 16 <= 32, "one lane per page run");
@@ -510,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
 
   Cursor prod{split, 0, 0}, cons{split, 0, 0};
   for (int s = 0; s < p.stages - 1; ++s) {
-    if (prod.c < n_chunks) {
+    if (!kPipe && prod.c < n_chunks) {
       if constexpr (kBulk) issue_bulk(prod, s);
       else issue(prod, s);
       advance(prod);
@@ -583,6 +602,294 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     }
     if (tid < p.group) p.ws_ml[base * p.group + tid] = make_float2(m_s[tid], l_s[tid]);
   };
+  if constexpr (kPipe) {
+    // v17 warp pipeline (sm_90, tensor-core formats). Warp w owns tokens [64 w, 64 w + 64) of every chunk, K and V,
+    // and streams them through its own ring of 16-token units (one bulk copy of codes, one of metadata, its own
+    // mbarriers): no CTA barrier per tile and no producer to wait for. Per chunk the warp computes its scores, an
+    // exact softmax of its 64 tokens (max, exp2, fixed-order sum) and P.V; the chunk's partial is the 8 warps'
+    // partials merged in warp order (two CTA barriers per chunk instead of six). The decomposition is fixed per
+    // format and head_dim, so the bits never depend on the plan, the batch or the run.
+    using Wp = WarpPipeGeo<P, D>;
+    constexpr int kSteps = Wp::kSteps;
+    __shared__ alignas(8) uint64_t wbar_s[kWarps][kMaxDepth];
+    __shared__ float2 wml_s[kWarps][GMAX];
+    const int depth = min(kMaxDepth, max(1, (p.stages * Gm::kStageBytes) / (kWarps * Wp::kUnit)));
+    uint8_t* ring = smem + size_t(warp) * depth * Wp::kUnit;
+    float* pw = p_s + warp * Wp::kSubTok * GMAX;  // [64 tokens][GMAX] weights of this warp's tokens
+    if (lane < depth) mbar_init(&wbar_s[warp][lane], 1);
+    __syncwarp();
+    const int r = lane >> 2, t4 = lane & 3;
+    const int sub0 = warp * Wp::kSubTok;
+    auto wsteps = [&](int c) {  // this warp's 16-token steps in chunk c
+      const int rem = len32 - c * kChunkTokens - sub0;
+      return rem <= 0 ? 0 : (rem >= Wp::kSubTok ? kSteps : (rem + 15) / 16);
+    };
+    Cursor pc{split, 0, 0};  // producer: (chunk, K|V, step)
+    while (pc.c < n_chunks && wsteps(pc.c) == 0) pc.c += p.num_splits;
+    auto wnext = [&](Cursor& u) {
+      if (++u.tile < wsteps(u.c)) return;
+      u.tile = 0;
+      if (u.kind == 0) {
+        u.kind = 1;
+        return;
+      }
+      u.kind = 0;
+      do u.c += p.num_splits;
+      while (u.c < n_chunks && wsteps(u.c) == 0);
+    };
+    // Unit u into ring slot s: lane 0 arms the slot's mbarrier and issues the copies; bytes no copy writes (past
+    // the sequence's end, a page outside the pool) are zero-filled by the warp first (never stale NaNs in P.V).
+    auto issue_unit = [&](const Cursor& u, int s) {
+      uint8_t* dst = ring + s * Wp::kUnit;
+      const uint8_t* hpool = (u.kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes;
+      const int t = u.c * kChunkTokens + sub0 + u.tile * 16;
+      const int ntok = min(16, len32 - t);
+      const int32_t pg = __ldg(prow + (t >> p.page_shift));
+      const bool ok = static_cast<uint32_t>(pg) < npages32;
+      const uint32_t cbytes = ok ? (ntok * Gm::kCode + 15) & ~15 : 0;
+      const uint32_t mbytes = ok ? (ntok * Gm::kMeta + 15) & ~15 : 0;
+      bad_page |= !ok;
+      const bool zeroed = cbytes < Wp::kUnitCode || mbytes < Wp::kUnitMeta;
+      if (zeroed) {
+        for (int o = cbytes + lane * 16; o < Wp::kUnitCode; o += 32 * 16)
+          *reinterpret_cast<uint4*>(dst + o) = make_uint4(0, 0, 0, 0);
+        for (int o = mbytes + lane * 16; o < Wp::kUnitMeta; o += 32 * 16)
+          *reinterpret_cast<uint4*>(dst + Wp::kUnitCode + o) = make_uint4(0, 0, 0, 0);
+        fence_proxy_async_smem();
+      }
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&wbar_s[warp][s], cbytes + mbytes);
+        const uint8_t* block = hpool + pg * page_stride;
+        const int off = t & page_mask;
+        if (cbytes) bulk_copy(dst, block + off * Gm::kCode, cbytes, &wbar_s[warp][s]);
+        if (mbytes)
+          bulk_copy(dst + Wp::kUnitCode, block + p.page_size * Gm::kCode + off * Gm::kMeta, mbytes, &wbar_s[warp][s]);
+      }
+    };
+    for (int s = 0; s < depth && pc.c < n_chunks; ++s) {
+      issue_unit(pc, s);
+      wnext(pc);
+    }
+    int cslot = 0;
+    uint32_t wphase = 0;
+    auto wait_unit = [&]() -> const uint8_t* {
+      mbar_wait(&wbar_s[warp][cslot], (wphase >> cslot) & 1u);
+      wphase ^= 1u << cslot;
+      return ring + cslot * Wp::kUnit;
+    };
+    auto release_unit = [&]() {  // the slot just read gets the next unit in the same order
+      __syncwarp();
+      if (pc.c < n_chunks) {
+        issue_unit(pc, cslot);
+        wnext(pc);
+      }
+      cslot = cslot + 1 == depth ? 0 : cslot + 1;
+    };
+    // Which of a thread's 4 scores per step belongs to which of its heads / tokens.
+    constexpr int kHeadsPer = P::kMmaQ ? 2 : 1;
+    auto head_of = [&](int i) { return P::kMmaQ ? 2 * t4 + (i & 1) : r; };
+    auto tok_of = [&](int i) { return P::kMmaQ ? r + 8 * (i >> 1) : 8 * (i >> 1) + 2 * t4 + (i & 1); };
+
+    for (int c = split; c < n_chunks; c += p.num_splits) {
+      const int chunk0 = c * kChunkTokens;
+      const int nst = wsteps(c);
+      float sc[kSteps][4];
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[st][i] = -INFINITY;
+        if (st < nst) {
+          const uint8_t* u = wait_unit();
+          const uint8_t* meta = u + Wp::kUnitCode;
+          const int t0 = chunk0 + sub0 + st * 16;
+          const int valid = min(16, len32 - t0);
+          if constexpr (P::kMmaQ) {
+            const int slim = n_sink - t0;  // tokens below it are sink positions (masked out of the chunk)
+            const uint32_t* tw = reinterpret_cast<const uint32_t*>(u);
+            const int rowa = r * Gm::kCode, rowb = rowa + 8 * Gm::kCode;
+            float cc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int j = 0; j < D / 32; ++j) {
+              uint32_t lo, hi, fa[4], fb[4];
+              P::octet_words(tw, rowa, kctxm[j], lo, hi);
+              P::octet_f16x2(lo, hi, kctxm[j], fa);
+              P::octet_words(tw, rowb, kctxm[j], lo, hi);
+              P::octet_f16x2(lo, hi, kctxm[j], fb);
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const uint4 qf = qfrag_s[(2 * j + i) * 32 + lane];
+                mma_f16_full(cc, fa[2 * i], fb[2 * i], fa[2 * i + 1], fb[2 * i + 1], qf.x, qf.y);
+                mma_f16_full(cc, fa[2 * i], fb[2 * i], fa[2 * i + 1], fb[2 * i + 1], qf.z, qf.w);
+              }
+            }
+            const float tau2[2] = {tau_s[meta[r]], tau_s[meta[r + 8]]};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int tok = tok_of(i);
+              const bool live = head_of(i) < GMAX && tok < valid && tok >= slim;
+              sc[st][i] = live ? fmaf(tau2[i >> 1], cc[i] * qun2[i & 1], c02[i & 1]) : -INFINITY;
+            }
+          } else {
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              uint32_t bf[D / 16][2];
+              P::template mma_b<D>(u + (8 * nt + r) * Gm::kCode, t4, bf);
+              float cc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+              for (int ks = 0; ks < D / 16; ++ks) P::mma(cc, qa[ks][0], qa[ks][1], bf[ks][0], bf[ks][1]);
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const int tok = 8 * nt + 2 * t4 + i;
+                sc[st][2 * nt + i] = r < GMAX && tok < valid ? cc[i] * qs : -INFINITY;
+              }
+            }
+          }
+          release_unit();
+        }
+      }
+      // Exact softmax of this warp's tokens: max (order-free), exp2, sum in a fixed order (thread, then lanes).
+      float mw[kHeadsPer], lw[kHeadsPer], mref[kHeadsPer];
+#pragma unroll
+      for (int j = 0; j < kHeadsPer; ++j) mw[j] = -INFINITY, lw[j] = 0.f;
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) mw[i % kHeadsPer] = fmaxf(mw[i % kHeadsPer], sc[st][i]);
+#pragma unroll
+      for (int j = 0; j < kHeadsPer; ++j) {
+        if constexpr (P::kMmaQ) {
+#pragma unroll
+          for (int off = 4; off < 32; off *= 2) mw[j] = fmaxf(mw[j], __shfl_xor_sync(0xffffffffu, mw[j], off));
+        } else {
+#pragma unroll
+          for (int off = 1; off < 4; off *= 2) mw[j] = fmaxf(mw[j], __shfl_xor_sync(0xffffffffu, mw[j], off));
+        }
+        mref[j] = mw[j] == -INFINITY ? 0.f : mw[j];  // only masked tokens: all weights 0
+      }
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float e = exp2f(sc[st][i] - mref[i % kHeadsPer]);
+          lw[i % kHeadsPer] += e;
+          if (st < nst && head_of(i) < GMAX) pw[(st * 16 + tok_of(i)) * GMAX + head_of(i)] = e;
+        }
+#pragma unroll
+      for (int j = 0; j < kHeadsPer; ++j) {
+        if constexpr (P::kMmaQ) {
+#pragma unroll
+          for (int off = 4; off < 32; off *= 2) lw[j] += __shfl_xor_sync(0xffffffffu, lw[j], off);
+        } else {
+#pragma unroll
+          for (int off = 1; off < 4; off *= 2) lw[j] += __shfl_xor_sync(0xffffffffu, lw[j], off);
+        }
+      }
+      __syncwarp();
+      // P.V on tensor cores, swap-AB (as the CTA-tile loop below): O^T += V^T . P^T, 16 tokens per mma k-step.
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        if (st < nst) {
+          const uint8_t* u = wait_unit();
+          const uint8_t* meta = u + Wp::kUnitCode;
+          const int valid = min(16, len32 - (chunk0 + sub0 + st * 16));
+          const float* pr = pw + st * 16 * GMAX;
+          uint32_t pb[4];
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int ta = 2 * t4 + 8 * hh;
+            float w0 = 0.f, w1 = 0.f;
+            if (r < GMAX) {
+              if (ta < valid) w0 = pr[ta * GMAX + r] * (P::kQ ? tau_s[meta[ta]] : 1.f);
+              if (ta + 1 < valid) w1 = pr[(ta + 1) * GMAX + r] * (P::kQ ? tau_s[meta[ta + 1]] : 1.f);
+            }
+            if constexpr (P::kMmaQ) {
+              const __half2 hw = __floats2half2_rn(w0, w1);
+              const float2 f = __half22float2(hw);
+              pb[hh] = *reinterpret_cast<const uint32_t*>(&hw);
+              pb[2 + hh] = f32x2_to_f16x2(w0 - f.x, w1 - f.y);
+            } else {
+              P::pack_w(w0, w1, pb[hh], pb[2 + hh]);
+            }
+          }
+          if constexpr (P::kMmaQ) {
+#pragma unroll
+            for (int gs = 0; gs < D / 64; ++gs) {
+              uint32_t fa[4][4];
+#pragma unroll
+              for (int qq = 0; qq < 4; ++qq) {
+                const int tk = 2 * t4 + (qq & 1) + 8 * (qq >> 1);
+                uint32_t lo, hi;
+                P::octet_words(reinterpret_cast<const uint32_t*>(u), tk * Gm::kCode, vctxm[gs], lo, hi);
+                P::octet_f16x2(lo, hi, vctxm[gs], fa[qq]);
+              }
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                const uint32_t a0 = __byte_perm(fa[0][j], fa[1][j], 0x5410), a1 = __byte_perm(fa[0][j], fa[1][j], 0x7632);
+                const uint32_t a2 = __byte_perm(fa[2][j], fa[3][j], 0x5410), a3 = __byte_perm(fa[2][j], fa[3][j], 0x7632);
+                mma_f16_full(acc2[4 * gs + j], a0, a1, a2, a3, pb[0], pb[1]);
+                mma_f16_full(acc2[4 * gs + j], a0, a1, a2, a3, pb[2], pb[3]);
+              }
+            }
+          } else {
+            const uint8_t* ra = u + (2 * t4) * Gm::kCode;
+            uint32_t lo[D / 16][2], hi[D / 16][2];
+            P::template v_pairs<D>(ra, ra + Gm::kCode, r, lo);
+            P::template v_pairs<D>(ra + 8 * Gm::kCode, ra + 9 * Gm::kCode, r, hi);
+#pragma unroll
+            for (int mt = 0; mt < D / 16; ++mt) {
+              P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[0], pb[1]);
+              P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[2], pb[3]);
+            }
+          }
+          release_unit();
+        }
+      }
+      // The warp's partial to shared memory, then the chunk's partial = the warps merged in order.
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+        const int d = P::kMmaQ ? 8 * (r + 8 * (mt / 4)) + (mt % 4) : r * (D / 8) + 2 * mt;
+        const int d8 = P::kMmaQ ? d + 4 : d + 1;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int g = 2 * t4 + i;
+          if (g < GMAX) {
+            red_s[(warp * GMAX + g) * D + d] = acc2[mt][i];
+            red_s[(warp * GMAX + g) * D + d8] = acc2[mt][2 + i];
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc2[mt][i] = 0.f;
+      }
+      if constexpr (P::kMmaQ) {
+        if (r == 0)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            if (2 * t4 + j < GMAX) wml_s[warp][2 * t4 + j] = make_float2(mw[j], lw[j]);
+      } else {
+        if (t4 == 0 && r < GMAX) wml_s[warp][r] = make_float2(mw[0], lw[0]);
+      }
+      __syncthreads();
+      const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
+      for (int i = tid; i < p.group * D; i += kThreads) {
+        const int g = i / D, d = i % D;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w2 = 0; w2 < kWarps; ++w2) m = fmaxf(m, wml_s[w2][g].x);
+        const float mr = m == -INFINITY ? 0.f : m;
+        float a = 0.f, l = 0.f;
+#pragma unroll
+        for (int w2 = 0; w2 < kWarps; ++w2) {
+          const float f = exp2f(wml_s[w2][g].x - mr);
+          a = fmaf(red_s[(w2 * GMAX + g) * D + d], f, a);
+          l = fmaf(wml_s[w2][g].y, f, l);
+        }
+        p.ws_acc[base * p.group * D + i] = a;
+        if (d == 0) p.ws_ml[base * p.group + g] = make_float2(m, l);
+      }
+      __syncthreads();
+    }
+  } else {
   int slot = 0, pslot = p.stages - 1;
   while (cons.c < n_chunks) {
     if (prod.c < n_chunks) {
@@ -835,6 +1142,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     advance(cons);
     slot = slot + 1 == p.stages ? 0 : slot + 1;
   }
+  }  // !kPipe
   if constexpr (!kBulk) cp_async_wait(0);
   if (bad_page && p.status) atomicOr(p.status, 1);
 
