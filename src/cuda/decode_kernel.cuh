@@ -330,12 +330,12 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
 #pragma unroll
       for (int g = 0; g < GMAX; ++g) a[g] = 0.f;
 #pragma unroll 1
-      for (int r0 = 0; r0 < D; r0 += 16) {
-        float gv[16];
+      for (int r0 = 0; r0 < D; r0 += 32) {  // v20: 32 rows in flight (was 16), the same order of the sum
+        float gv[32];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) gv[j] = __ldg(kq.inv + (r0 + j) * D + c);
+        for (int j = 0; j < 32; ++j) gv[j] = __ldg(kq.inv + (r0 + j) * D + c);
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < 32; ++j)
 #pragma unroll
           for (int g = 0; g < GMAX; ++g) a[g] = fmaf(gv[j], q_s[g * D + r0 + j], a[g]);
       }
@@ -343,10 +343,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
 #pragma unroll
       for (int g = 0; g < GMAX; ++g) red_s[g * D + c] = kq.group_bits[c / 8] ? a[g] * sc : 0.f;
     }
+    // q . mu: mu staged in p_s (free until the first scores) by all threads, then the same serial sum per head.
+    for (int r = tid; r < D; r += kThreads) p_s[r] = __ldg(kq.mean + r);
+    __syncthreads();
     if (tid < GMAX) {
       float a = 0.f;
 #pragma unroll 16
-      for (int r = 0; r < D; ++r) a = fmaf(q_s[tid * D + r], __ldg(kq.mean + r), a);
+      for (int r = 0; r < D; ++r) a = fmaf(q_s[tid * D + r], p_s[r], a);
       c0_s[tid] = a;
     }
     for (int i = tid; i < 256; i += kThreads) tau_s[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
@@ -1238,47 +1241,64 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       ssc_s[g][j] = a;
     }
     __syncthreads();
-    for (int i = tid; i < npairs; i += kThreads) {
-      const int g = i / D, r = i % D;
-      const float2 ml = mlq_s[g];
-      float u = __ldg(vq.mean + r) * ml.y;
-      // G's row r, 16 bytes at a time (v8 read it 4 bytes per dependent step); the sum runs over c in order.
+    // v20: one thread per row r of G for all heads (v8-v19: one per (head, row), i.e. each row fetched group times
+    // by dependent 64-byte steps): the row is read once, 128 bytes per step, and every (head, row) sum still starts
+    // at mu_r l and runs over c in order, so the bits are unchanged. The sinks' values are read once per row too.
+    for (int r = tid; r < D; r += kThreads) {
+      const float mean_r = __ldg(vq.mean + r);
+      float u[GMAX];
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) u[g] = g < p.group ? mean_r * mlq_s[g].y : 0.f;
       const float4* grow = reinterpret_cast<const float4*>(vq.inv + r * D);
 #pragma unroll 1
-      for (int c4 = 0; c4 < D / 4; c4 += 4) {
-        float4 gv[4];
+      for (int c4 = 0; c4 < D / 4; c4 += 8) {
+        float4 gv[8];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) gv[j] = __ldg(grow + c4 + j);
+        for (int j = 0; j < 8; ++j) gv[j] = __ldg(grow + c4 + j);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float* o4 = o_s + g * D + 4 * (c4 + j);
-          u = fmaf(gv[j].x, o4[0], u);
-          u = fmaf(gv[j].y, o4[1], u);
-          u = fmaf(gv[j].z, o4[2], u);
-          u = fmaf(gv[j].w, o4[3], u);
+        for (int g = 0; g < GMAX; ++g) {
+          if (g >= p.group) break;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float* o4 = o_s + g * D + 4 * (c4 + j);
+            u[g] = fmaf(gv[j].x, o4[0], u[g]);
+            u[g] = fmaf(gv[j].y, o4[1], u[g]);
+            u[g] = fmaf(gv[j].z, o4[2], u[g]);
+            u[g] = fmaf(gv[j].w, o4[3], u[g]);
+          }
         }
       }
-      float ssc[kSinkTokens];
-      float mt = ml.x;
+      float vs[kSinkTokens];
 #pragma unroll
-      for (int j = 0; j < kSinkTokens; ++j) {
-        ssc[j] = ssc_s[g][j];
-        if (j < n_sink) mt = fmaxf(mt, ssc[j]);
-      }
-      const float mr = mt == -INFINITY ? 0.f : mt;
-      const float f = exp2f(ml.x - mr);
-      float lt = ml.y * f, ut = u * f;
+      for (int j = 0; j < kSinkTokens; ++j)
+        vs[j] = j < n_sink ? bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + r]) : 0.f;
 #pragma unroll
-      for (int j = 0; j < kSinkTokens; ++j) {
-        if (j >= n_sink) continue;
-        const float e = exp2f(ssc[j] - mr);
-        lt += e;
-        ut = fmaf(e, bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + r]), ut);
+      for (int g = 0; g < GMAX; ++g) {
+        if (g >= p.group) break;
+        const float2 ml = mlq_s[g];
+        float ssc[kSinkTokens];
+        float mt = ml.x;
+#pragma unroll
+        for (int j = 0; j < kSinkTokens; ++j) {
+          ssc[j] = ssc_s[g][j];
+          if (j < n_sink) mt = fmaxf(mt, ssc[j]);
+        }
+        const float mr = mt == -INFINITY ? 0.f : mt;
+        const float f = exp2f(ml.x - mr);
+        float lt = ml.y * f, ut = u[g] * f;
+#pragma unroll
+        for (int j = 0; j < kSinkTokens; ++j) {
+          if (j >= n_sink) continue;
+          const float e = exp2f(ssc[j] - mr);
+          lt += e;
+          ut = fmaf(e, vs[j], ut);
+        }
+        const int qh = h * p.group + g;
+        p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? ut / lt * os : 0.f);
+        if (p.lse && r == 0)
+          p.lse[int64_t{b} * p.num_qo_heads + qh] =
+              n_chunks > 0 ? (mt + log2f(lt)) * 0.69314718055994530942f : -INFINITY;
       }
-      const int qh = h * p.group + g;
-      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? ut / lt * os : 0.f);
-      if (p.lse && r == 0)
-        p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (mt + log2f(lt)) * 0.69314718055994530942f : -INFINITY;
     }
   } else {
 #pragma unroll
