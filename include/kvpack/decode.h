@@ -5,8 +5,9 @@
 //
 // Determinism: decode attention splits every sequence into fixed chunks of kChunkTokens tokens. Each chunk's
 // partial (max, sum, unnormalised output) is computed by the same code whatever CTA runs it, and the partials are
-// folded in chunk order 0, 1, 2, ... by the last CTA of the (sequence, kv head). So the output is bitwise the same
-// for every plan (split count, pipeline depth), every batch composition and every run.
+// folded by a fixed two-level tree: chunks 16 g .. 16 g + 15 in chunk order (fold group g), then the groups in
+// group order (a sequence of <= 16 chunks: its chunks in order). The tree depends only on the sequence length, so
+// the output is bitwise the same for every plan (split count, pipeline depth), every batch composition and run.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +21,8 @@ namespace kvpack {
 
 // Fixed reduction unit of decode attention (tokens). Part of the numerical definition of the output.
 inline constexpr int kChunkTokens = 512;
+// Chunks per fold group of the two-level merge (see above). Also part of the numerical definition of the output.
+inline constexpr int kFoldChunks = 16;
 
 // Write new K/V tokens (bf16, as the model produced them) into their slots.
 struct WriteArgs {

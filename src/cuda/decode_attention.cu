@@ -34,8 +34,10 @@ size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 size_t decode_workspace_bytes(const DecodeShape& s, int batch, int max_chunks) {
   const int group = s.num_qo_heads / s.num_kv_heads;
   const size_t n = size_t(batch) * s.num_kv_heads * max_chunks * group;
+  const size_t groups = (size_t(max_chunks) + kFoldChunks - 1) / kFoldChunks;
   return align256(n * s.head_dim * sizeof(float)) + align256(n * sizeof(float2)) +
-         align256(size_t(batch) * s.num_kv_heads * sizeof(int));
+         align256(size_t(batch) * s.num_kv_heads * sizeof(int)) +
+         align256(size_t(batch) * s.num_kv_heads * groups * sizeof(int));
 }
 
 void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
@@ -82,7 +84,10 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   kp.ws_acc = reinterpret_cast<float*>(ws);
   kp.ws_ml = reinterpret_cast<float2*>(ws + align256(n * s.head_dim * sizeof(float)));
-  kp.sem = reinterpret_cast<int*>(ws + align256(n * s.head_dim * sizeof(float)) + align256(n * sizeof(float2)));
+  kp.max_groups = (plan.max_chunks + kFoldChunks - 1) / kFoldChunks;
+  const size_t sem_off = align256(n * s.head_dim * sizeof(float)) + align256(n * sizeof(float2));
+  kp.sem = reinterpret_cast<int*>(ws + sem_off);
+  kp.fold_sem = reinterpret_cast<int*>(ws + sem_off + align256(size_t(plan.batch) * s.num_kv_heads * sizeof(int)));
 
   kp.sink_tokens = format_info(s.format).sink_tokens;
   kp.sink_rows = kp.sink_tokens > 0 ? a.sinks.rows : nullptr;

@@ -1,6 +1,7 @@
 // Decode attention kernel template (included by one .cu per format so the device build compiles them in parallel).
 // Decode attention over the paged cache: one query token per sequence, GQA, split-KV with a deterministic
-// in-kernel merge (the last CTA of a (sequence, kv head) folds the chunk partials in chunk order).
+// in-kernel merge (a fixed two-level tree: groups of 16 chunk partials folded in chunk order by the CTA that finishes
+// the group's last chunk, then the groups folded in order by the last CTA of the (sequence, kv head)).
 //
 // Structure of one CTA (256 threads, one kv head of one sequence, chunks split, split+S, split+2S, ...):
 //   a ring of `stages` tiles (each tile = kTile tokens of K or of V, codes then metadata; on sm_90 filled by bulk
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <type_traits>
 
 #include "decode_internal.cuh"
 #include "format_policy.cuh"
@@ -94,8 +96,9 @@ struct DecodeKernelParams {
   float* ws_acc;   // [batch][num_kv_heads][max_chunks][group][D]
   float2* ws_ml;   // [batch][num_kv_heads][max_chunks][group] (max, sum) in the log2 domain
   int* sem;        // [batch][num_kv_heads] arrival counters, reset to 0 by the merging CTA (graph-safe)
+  int* fold_sem;   // [batch][num_kv_heads][max_groups] fold-group arrival counters, reset by the group's folder
   int32_t* status;
-  int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks;
+  int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks, max_groups;
   int64_t max_context;
   int64_t head_block_bytes;
   // Sink tokens (formats with format_info().sink_tokens > 0): [rows][sink_tokens][num_kv_heads][D] bf16 pools.
@@ -252,6 +255,94 @@ template <class P, int GMAX>
 inline constexpr int kLeanMinBlocks = GMAX <= 4 || P::kMmaK || P::kMmaQ ? 2 : 1;
 template <class P, int D, int GMAX>
 inline constexpr bool kFatVariant = kLeanMinBlocks<P, GMAX> == 2 && GMAX == 8 && D == 128;
+
+// The merge's fold: the partials in workspace slots base + first, + kStride, ... (count of them), folded in that
+// order into (m, l, o) for this thread's kPairs (head, element) pairs; the partials are fetched kB at a time for all
+// pairs before they are folded, so n partials cost ~n / kB dependent L2 round trips.
+template <int D, int kPairs, int kB, int kStride>
+__device__ __forceinline__ void fold_partials(const DecodeKernelParams& p, int64_t base, int first, int count,
+                                              float (&m)[kPairs], float (&l)[kPairs], float (&o)[kPairs]) {
+  const int tid = threadIdx.x, npairs = p.group * D;
+#pragma unroll
+  for (int k = 0; k < kPairs; ++k) {
+    m[k] = -INFINITY;
+    l[k] = 0.f;
+    o[k] = 0.f;
+  }
+  for (int c0 = 0; c0 < count; c0 += kB) {
+    float2 ml[kPairs][kB];
+    float a[kPairs][kB];
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) {
+      const int i = tid + k * kThreads;
+      const int g = i < npairs ? i / D : 0;
+#pragma unroll
+      for (int j = 0; j < kB; ++j) {
+        const bool ok = i < npairs && c0 + j < count;
+        const int64_t slot = base + first + int64_t{c0 + j} * kStride;
+        ml[k][j] = ok ? __ldcg(p.ws_ml + slot * p.group + g) : make_float2(-INFINITY, 0.f);
+        a[k][j] = ok ? __ldcg(p.ws_acc + slot * p.group * D + i) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k)
+#pragma unroll
+      for (int j = 0; j < kB; ++j) {
+        if (c0 + j >= count) break;  // fixed order: first, first + kStride, ... is the definition of the result
+        const float mn = fmaxf(m[k], ml[k][j].x);
+        const float mr = mn == -INFINITY ? 0.f : mn;  // only sink-masked chunks so far: weights stay 0
+        const float sa = exp2f(m[k] - mr), sc = exp2f(ml[k][j].x - mr);
+        l[k] = l[k] * sa + ml[k][j].y * sc;
+        o[k] = o[k] * sa + a[k][j] * sc;
+        m[k] = mn;
+      }
+  }
+}
+
+// v21, level 1 of the two-level fold (see the kernel's merge): every chunk this CTA computed arrives at its fold
+// group's counter (one thread per chunk); for each group whose last chunk this was, the CTA folds the group's
+// partials in chunk order into the group's first slot and resets the counter (graph-safe). (Not inlining it was
+// tried: the kernel parameters then go through the stack, and the 128-register variants spill more, not less.)
+template <int D, int kPairs, int kB>
+__device__ __forceinline__ void fold_groups(const DecodeKernelParams& p, int64_t base, int seq_head, int split,
+                                         int n_chunks) {
+  __shared__ unsigned fold_mask_s[kWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, npairs = p.group * D;
+  const int mine = split < n_chunks ? (n_chunks - split + p.num_splits - 1) / p.num_splits : 0;
+  for (int j0 = 0; j0 < mine; j0 += kThreads) {
+    bool folds = false;
+    if (j0 + tid < mine) {
+      const int c = split + (j0 + tid) * p.num_splits, gi = c / kFoldChunks;
+      const int gsize = min(kFoldChunks, n_chunks - gi * kFoldChunks);
+      int* gs = p.fold_sem + int64_t{seq_head} * p.max_groups + gi;
+      folds = atomicAdd(gs, 1) == gsize - 1;
+      if (folds) atomicExch(gs, 0);
+    }
+    const unsigned bal = __ballot_sync(0xffffffffu, folds);
+    if (lane == 0) fold_mask_s[warp] = bal;
+    __syncthreads();
+    __threadfence();
+    for (int w2 = 0; w2 < kWarps; ++w2)
+      for (unsigned bits = fold_mask_s[w2]; bits; bits &= bits - 1) {
+        const int c = split + (j0 + w2 * 32 + __ffs(bits) - 1) * p.num_splits, gi = c / kFoldChunks;
+        float m[kPairs], l[kPairs], o[kPairs];
+        fold_partials<D, kPairs, kB, 1>(p, base, gi * kFoldChunks, min(kFoldChunks, n_chunks - gi * kFoldChunks), m,
+                                        l, o);
+        __syncthreads();  // every thread has read the group's first slot before it is overwritten
+        const int64_t slot = base + int64_t{gi} * kFoldChunks;
+#pragma unroll
+        for (int k = 0; k < kPairs; ++k) {
+          const int i = tid + k * kThreads;
+          if (i >= npairs) continue;
+          p.ws_acc[slot * p.group * D + i] = o[k];
+          if (i % D == 0) p.ws_ml[slot * p.group + i / D] = make_float2(m[k], l[k]);
+        }
+      }
+    __syncthreads();  // fold_mask_s is rewritten by the next round
+  }
+  __threadfence();
+  __syncthreads();
+}
 
 template <class P, int D, int GMAX, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const DecodeKernelParams p) {
@@ -1149,9 +1240,27 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   if constexpr (!kBulk) cp_async_wait(0);
   if (bad_page && p.status) atomicOr(p.status, 1);
 
-  // Arrival: the last CTA of this (sequence, kv head) merges; it resets the counter so a graph replay starts clean.
+  // Each thread folds kPairs (head, element) pairs; the partials are fetched kBatch at a time for all its pairs
+  // before the (sequential, fixed-order) fold, so n partials cost ~n / kBatch L2 round trips instead of n.
+  constexpr int kPairs = (GMAX * D + kThreads - 1) / kThreads;
+  constexpr int kBatch = kPairs >= 2 ? 8 : 16;
+  // A group fold runs inside the arrival loop, where 8-deep batches of 4 pairs need ~200 registers: half as deep in
+  // the variants capped at 128 registers (two CTAs per SM), full depth in the one-CTA-per-SM variant.
+  constexpr int kGroupBatch = kPairs >= 4 && MinBlocks >= 2 ? 4 : kBatch;
+  const int npairs = p.group * D;
+  const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
+  float m[kPairs], l[kPairs], o[kPairs];
+
+  // v21: a two-level fold with a fixed tree. Chunks 16 g .. 16 g + 15 form fold group g; the last CTA to finish a
+  // chunk of group g folds the group's partials in chunk order into slot 16 g, and the merging CTA folds the groups'
+  // partials in group order (v1-v20 folded all chunks in one chain: at batch 1 x 128k one CTA read 256 partials in
+  // 32 dependent rounds). A sequence of <= 16 chunks is one group, folded directly (folding one partial again is
+  // exact). The tree depends only on the sequence length, so the bits stay plan-, batch- and run-independent.
   __threadfence();
   __syncthreads();
+  const int n_groups = (n_chunks + kFoldChunks - 1) / kFoldChunks;
+  if (n_chunks > kFoldChunks) fold_groups<D, kPairs, kGroupBatch>(p, base, b * H + h, split, n_chunks);
+  // Arrival: the last CTA of this (sequence, kv head) merges; it resets the counter so a graph replay starts clean.
   if (tid == 0) {
     const int old = atomicAdd(p.sem + (b * H + h), 1);
     const bool last = old == p.num_splits - 1;
@@ -1162,49 +1271,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   if (!last_s) return;
   __threadfence();
 
-  const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
   const float os = P::out_scale(p.fp, h);
   float* o_s = red_s;  // [group][D] merged output before the (optional) inverse rotation
-  // Each thread folds kPairs (head, element) pairs; the chunk partials are fetched kBatch chunks at a time for all
-  // its pairs before the (sequential, fixed-order) fold, so a 256-chunk sequence costs ~256 / kBatch L2 round trips
-  // instead of 256 (v3 spent most of a batch-1 128k step here).
-  constexpr int kPairs = (GMAX * D + kThreads - 1) / kThreads;
-  constexpr int kBatch = kPairs >= 2 ? 8 : 16;
-  float m[kPairs], l[kPairs], o[kPairs];
-#pragma unroll
-  for (int k = 0; k < kPairs; ++k) {
-    m[k] = -INFINITY;
-    l[k] = 0.f;
-    o[k] = 0.f;
-  }
-  const int npairs = p.group * D;
-  for (int c0 = 0; c0 < n_chunks; c0 += kBatch) {
-    float2 ml[kPairs][kBatch];
-    float a[kPairs][kBatch];
-#pragma unroll
-    for (int k = 0; k < kPairs; ++k) {
-      const int i = tid + k * kThreads;
-      const int g = i < npairs ? i / D : 0;
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const bool ok = i < npairs && c0 + j < n_chunks;
-        ml[k][j] = ok ? __ldcg(p.ws_ml + (base + c0 + j) * p.group + g) : make_float2(-INFINITY, 0.f);
-        a[k][j] = ok ? __ldcg(p.ws_acc + (base + c0 + j) * p.group * D + i) : 0.f;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kPairs; ++k)
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (c0 + j >= n_chunks) break;  // fixed order: chunk 0, 1, 2, ... is the definition of the result
-        const float mn = fmaxf(m[k], ml[k][j].x);
-        const float mr = mn == -INFINITY ? 0.f : mn;  // only sink-masked chunks so far: weights stay 0
-        const float sa = exp2f(m[k] - mr), sc = exp2f(ml[k][j].x - mr);
-        l[k] = l[k] * sa + ml[k][j].y * sc;
-        o[k] = o[k] * sa + a[k][j] * sc;
-        m[k] = mn;
-      }
-  }
+  if (n_chunks > kFoldChunks) fold_partials<D, kPairs, kBatch, kFoldChunks>(p, base, 0, n_groups, m, l, o);
+  else fold_partials<D, kPairs, kBatch, 1>(p, base, 0, n_chunks, m, l, o);
   if constexpr (P::kQ) {
     // The chunks' sum is in the transformed domain (units 2 (k - o) p tau): scale by s/2, rotate back with G, add
     // mu * l, then fold in the sink tokens (exact bf16, model basis) by log-sum-exp. Fixed order throughout.

@@ -361,7 +361,9 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
   std::mt19937 rng(31337);
   for (Format f : paged_formats()) {
     const PagedLayout l = make_paged_layout(f, 16, 2, 128);
-    std::vector<int64_t> lens{5000, 1, 2049, 511, 8192};
+    // 20001 tokens = 40 chunks: three fold groups (16, 16, 8) whose chunks are spread over the CTAs differently
+    // by every split count below (v21's two-level fold); 8192 = 16 chunks is one group, folded directly.
+    std::vector<int64_t> lens{5000, 1, 2049, 511, 8192, 20001};
     PagedBatch pb = make_batch(l, lens, rng);
     DevBatch db(pb);
     // qo 8: group 4. qo 16: group 8, whose tensor-core kernels come in two register variants picked by grid size
@@ -373,7 +375,7 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
       for (int splits : {1, 2, 3, 7, 16, 64})
         for (int stages : {2, 3, 4, 6}) {
           for (bool csr : {true, false}) {
-            AttnResult r = run_attention(pb, db, q, qo, csr, splits, stages, 16384);
+            AttnResult r = run_attention(pb, db, q, qo, csr, splits, stages, 32768);
             ASSERT_EQ(r.out, base.out) << "splits " << splits << " stages " << stages << " csr " << csr;
             ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
           }
@@ -385,7 +387,7 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
       }
       // Batch composition: a permuted batch (same pool, permuted table rows) gives the permuted outputs bit for bit,
       // and a sequence alone gives the same bits as inside the batch.
-      std::vector<int> perm{3, 0, 4, 2, 1};
+      std::vector<int> perm{3, 0, 5, 4, 2, 1};
       PagedBatch pb2 = pb;
       pb2.lens.clear();
       pb2.indptr = {0};
@@ -422,13 +424,14 @@ TEST(DecodeGpu, GraphCaptureAndReplayReadsLengthsOnDevice) {
   KVPACK_REQUIRE_GPU();
   std::mt19937 rng(8);
   const PagedLayout l = make_paged_layout(Format::bf16, 16, 2, 64);
-  std::vector<int64_t> lens{1000, 3000, 17};
+  // 9500 tokens = 19 chunks: two fold groups, so the replays also check that the group counters reset themselves.
+  std::vector<int64_t> lens{1000, 9500, 17};
   PagedBatch pb = make_batch(l, lens, rng);
   DevBatch db(pb);
   const int qo = 6, batch = 3;
   auto q = random_bf16(batch * qo * 64, rng);
   DecodeShape s{Format::bf16, qo, 2, 64, 16};
-  DecodePlan plan = plan_decode_with(s, batch, 4096, 4, 3);
+  DecodePlan plan = plan_decode_with(s, batch, 16384, 4, 3);
   DevBuf<uint16_t> dq(q), out(batch * qo * 64);
   DevBuf<float> lse(batch * qo);
   DevBuf<uint8_t> ws(plan.workspace_bytes);
@@ -450,7 +453,7 @@ TEST(DecodeGpu, GraphCaptureAndReplayReadsLengthsOnDevice) {
   run_decode(plan, a, st);
   CUDA_OK(cudaStreamEndCapture(st, &graph));
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  AttnResult direct = run_attention(pb, db, q, qo, false, 4, 3, 4096);
+  AttnResult direct = run_attention(pb, db, q, qo, false, 4, 3, 16384);
   for (int rep = 0; rep < 3; ++rep) {
     out.fill_bytes(0xff);
     CUDA_OK(cudaGraphLaunch(exec, st));
@@ -470,7 +473,7 @@ TEST(DecodeGpu, GraphCaptureAndReplayReadsLengthsOnDevice) {
   out.fill_bytes(0xff);
   CUDA_OK(cudaGraphLaunch(exec, st));
   CUDA_OK(cudaStreamSynchronize(st));
-  AttnResult direct_short = run_attention(pb_short, db, q, qo, false, 4, 3, 4096);
+  AttnResult direct_short = run_attention(pb_short, db, q, qo, false, 4, 3, 16384);
   EXPECT_EQ(out.download(), direct_short.out);
   // and against the fp64 reference
   PagedBatch pb_ref = pb_short;
