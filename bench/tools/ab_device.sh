@@ -9,7 +9,7 @@ set -u
 OUT=${OUT:-/tmp/kvpack_out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-TABLE=${TABLE:-bench/results/tune_v8.json}
+TABLE=${TABLE:-bench/results/tune_v9.json}
 root=$(pwd)
 rm -rf /tmp/base && mkdir -p /tmp/base && cp -r $(ls -A | grep -vE '^(build|build-device|\.git|\.whl)$') /tmp/base/
 (cd /tmp/base && patch -s -R -p1 < "$root/$PATCH") || { echo "reverse patch failed"; exit 1; }

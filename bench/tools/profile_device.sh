@@ -4,6 +4,7 @@
 # histogram (bench/tools/ncu_hot.py), hottest CUDA source lines (same script on the cuda view: needs -lineinfo,
 # which the build has), and the warp-state / occupancy sections of the details page.
 #   PROFILE_FORMATS="fp8 q4" PROFILE_SHAPE=32/8/128 PROFILE_BATCH=8 PROFILE_CTX=32k bash bench/tools/profile_device.sh
+# NCU_ARGS adds ncu options (e.g. "--warp-sampling-interval 0" for more stall samples of a short kernel).
 # SKIP_BUILD=1 skips the build and the tests (when a previous step of the same call built the tree).
 set -u
 OUT=${OUT:-/tmp/kvpack_out}
@@ -15,15 +16,16 @@ if [ -z "${SKIP_BUILD:-}" ]; then
 fi
 tmp=$(mktemp -d)
 for f in ${PROFILE_FORMATS:-fp8 q4}; do
-  timeout 300 ncu --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 --set full --import-source yes \
+  timeout 300 ncu --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 --set full --import-source yes ${NCU_ARGS:-} \
     -f -o "$tmp/prof_$f" ./$B/kvpack bench --formats "$f" --shapes "${PROFILE_SHAPE:-32/8/128}" \
     --batch "${PROFILE_BATCH:-8}" --context "${PROFILE_CTX:-32k}" --iters 5 > "$tmp/ncu_$f.log" 2>&1
   echo "== $f rc=$?"
   rep="$tmp/prof_$f.ncu-rep"
   ncu --import "$rep" --page source --print-source sass --csv > "$tmp/sass_$f.csv" 2>&1
   ncu --import "$rep" --page source --print-source cuda --csv > "$tmp/cuda_$f.csv" 2>&1
+  [ -n "${KEEP_SASS:-}" ] && gzip -c "$tmp/sass_$f.csv" > "$OUT/sass_$f.csv.gz"
   {
-    echo "##### SASS view"; python3 bench/tools/ncu_hot.py "$tmp/sass_$f.csv" 50
+    echo "##### SASS view"; python3 bench/tools/ncu_hot.py "$tmp/sass_$f.csv" ${HOT_N:-50}
     echo; echo "##### CUDA source view"; python3 bench/tools/ncu_hot.py "$tmp/cuda_$f.csv" 40
     echo; echo "##### stall reasons (sampled warp states, share of all samples)"
     ncu --import "$rep" --page raw --csv > "$tmp/raw_$f.csv" 2>&1

@@ -2,7 +2,9 @@
 # One device call after a change that affects only some shapes: build, all GPU tests and sanitizers, `kvpack tune`
 # for SHAPES x FORMATS only, a merged table (BASE with those entries replaced), then `kvpack bench` on SHAPES with
 # BASE and with the merged table in the same run (bench_base.json / bench.json in $OUT).
-#   SHAPES=8/1/128 FORMATS=bf16,fp8,q4,q3.5,q3 BASE=bench/results/tune_v8.json bash bench/tools/retune_shape.sh
+#   SHAPES=8/1/128 FORMATS=bf16,fp8,q4,q3.5,q3 BASE=bench/results/tune_v9.json bash bench/tools/retune_shape.sh
+# TUNE_ARGS (e.g. "--batch 1,8") narrows the tune; BENCH_ARGS goes to both benches; STEPS (default
+# build,test,sanitize) to bench/run_device.sh.
 set -u
 OUT=${OUT:-/tmp/kvpack_out}
 mkdir -p "$OUT"
@@ -10,10 +12,10 @@ cd "$(dirname "$0")/../.."
 B=build-device
 SHAPES=${SHAPES:-8/1/128}
 FORMATS=${FORMATS:-bf16,fp8,q4,q3.5,q3}
-BASE=${BASE:-bench/results/tune_v8.json}
+BASE=${BASE:-bench/results/tune_v9.json}
 bash bench/run_device.sh ${STEPS:-build,test,sanitize} 2>&1 | grep -vE "^ptxas|^q|^bf16|^fp8|^int4" | tail -40
 s=$(date +%s)
-./$B/kvpack tune --formats "$FORMATS" --shapes "$SHAPES" -o /tmp/tune_part.json > "$OUT/tune.log" 2>&1
+./$B/kvpack tune --formats "$FORMATS" --shapes "$SHAPES" ${TUNE_ARGS:-} -o /tmp/tune_part.json > "$OUT/tune.log" 2>&1
 echo "tune rc=$? $(( $(date +%s) - s )) s"
 python3 - "$BASE" /tmp/tune_part.json "$OUT/tune.json" <<'PY'
 import json, sys

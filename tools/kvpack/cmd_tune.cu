@@ -56,7 +56,8 @@ int run_tune(const Opts& o) {
           const int max_chunks = static_cast<int>((c + kvpack::kChunkTokens - 1) / kvpack::kChunkTokens);
           kvpack::TuneEntry best;
           best.median_us = 1e30;
-          for (int splits : {1, 2, 4, 8, 16, 32, 64, 128}) {
+          // 256: since v21's two-level merge, a 128k sequence at batch 1 gains from two CTAs per SM.
+          for (int splits : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
             if (splits > max_chunks) break;
             for (int stages : {2, 3, 4}) {
               kb::DecodeTiming t;
