@@ -242,6 +242,9 @@ TEST(RulerDriver, PerFormatAccuracyKlAndPairedNoise) {
   EXPECT_EQ(r.records[0].gold_kl, 0.0);
   EXPECT_FALSE(r.records[1].correct);
   EXPECT_GT(r.records[1].gold_kl, 0.0);
+  // First answer token: gold logit minus the best other logit (toy: 5 - 0 for bf16, 3 - 0 for int4).
+  EXPECT_DOUBLE_EQ(r.records[0].first_margin, 5.0);
+  EXPECT_DOUBLE_EQ(r.records[1].first_margin, 3.0);
   int cells_all = 0;
   for (const auto& c : r.cells) {
     if (c.length != 0) continue;
@@ -259,6 +262,7 @@ TEST(RulerDriver, PerFormatAccuracyKlAndPairedNoise) {
   EXPECT_EQ(cells_all, 4);  // 2 tasks x 2 formats
   const auto j = ruler_to_json(r);
   EXPECT_EQ(j["records"].size(), 16u);
+  EXPECT_DOUBLE_EQ(j["records"][1]["first_margin"].get<double>(), 3.0);
   EXPECT_NE(ruler_to_table(r).find("niah_uuid"), std::string::npos);
 }
 

@@ -223,6 +223,9 @@ struct RulerRecord {
   bool correct = false;    // recall == 1
   double gold_kl = 0;      // mean KL(bf16 || fmt) over the gold span positions
   double gold_nll = 0;     // mean NLL of the gold tokens under this format
+  // First answer token, teacher-forced: logit of the gold token minus the largest other logit (nats; > 0: greedy
+  // decoding starts the answer right). Where bf16's margin is small, any perturbation of the cache can flip it.
+  double first_margin = 0;
   int gold_tokens = 0;
 };
 

@@ -478,6 +478,12 @@ RulerResult run_ruler(RulerModel& model, const std::vector<RulerSample>& samples
       double kl = 0, nll = 0;
       auto on_gold = [&](int i, const float* logits) {
         KVPACK_CHECK(static_cast<size_t>(i) == seen && seen < k, "ruler: gold logits {} out of order", i);
+        if (seen == 0) {
+          float other = -INFINITY;
+          for (int j = 0; j < V; ++j)
+            if (j != gold[0]) other = std::max(other, logits[j]);
+          rec.first_margin = static_cast<double>(logits[gold[0]]) - static_cast<double>(other);
+        }
         float* row = ref.data() + seen * static_cast<size_t>(V);
         if (f == Format::bf16) {
           log_softmax(logits, V, row);
@@ -588,6 +594,7 @@ nlohmann::json ruler_to_json(const RulerResult& r) {
                     {"correct", x.correct},
                     {"gold_kl", x.gold_kl},
                     {"gold_nll", x.gold_nll},
+                    {"first_margin", x.first_margin},
                     {"gold_tokens", x.gold_tokens}});
   j["records"] = std::move(recs);
   return j;
