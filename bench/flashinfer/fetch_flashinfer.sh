@@ -33,6 +33,10 @@ PY=${PYTHON:-python3}
 PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 mkdir -p "$DEST" "$WORK"/dl "$WORK"/dl-local
+# The prebuild imports flashinfer on this machine: these must be importable here (pip install them).
+missing=""
+for m in torch numpy packaging ninja jinja2 requests; do $PY -c "import $m" 2>/dev/null || missing+=" $m"; done
+[ -z "$missing" ] || { echo "error: fetch_flashinfer.sh needs these Python modules here:$missing (pip install them)" >&2; exit 1; }
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
@@ -51,7 +55,7 @@ mkdir -p "$WORK"/full "$WORK"/stage "$WORK"/local
 (cd "$WORK"/full && unzip -q "$WHEEL")
 $PY -m pip install -q --no-index --no-deps --no-compile --target "$WORK"/local "$WORK"/dl-local/apache_tvm_ffi-*.whl
 # modules the device has but this machine may lack (only for the local import)
-for m in pynvml:nvidia-ml-py einops:einops tabulate:tabulate; do
+for m in pynvml:nvidia-ml-py einops:einops tabulate:tabulate tqdm:tqdm filelock:filelock; do
   $PY -c "import ${m%%:*}" 2>/dev/null || { $PY -m pip download -q --no-deps -d "$WORK"/dl-local "${m#*:}" &&
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$WORK"/local "$WORK"/dl-local/"$(echo "${m#*:}" | tr - _)"-*.whl; }
 done
