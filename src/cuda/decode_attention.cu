@@ -29,15 +29,28 @@ int decode_ctas_per_sm(Format f, int head_dim, int group, int stages) {
 
 namespace {
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// The workspace, one layout for its size and its pointers: chunk partials (acc, then (m, l)), the per-(sequence,
+// kv head) arrival counters, then the per-fold-group counters.
+struct WorkspaceLayout {
+  size_t ml_off, sem_off, fold_sem_off, bytes;
+  int max_groups;
+};
+WorkspaceLayout workspace_layout(const DecodeShape& s, int batch, int max_chunks) {
+  const int group = s.num_qo_heads / s.num_kv_heads;
+  const size_t n = size_t(batch) * s.num_kv_heads * max_chunks * group;
+  WorkspaceLayout w;
+  w.max_groups = (max_chunks + kFoldChunks - 1) / kFoldChunks;
+  w.ml_off = align256(n * s.head_dim * sizeof(float));
+  w.sem_off = w.ml_off + align256(n * sizeof(float2));
+  w.fold_sem_off = w.sem_off + align256(size_t(batch) * s.num_kv_heads * sizeof(int));
+  w.bytes = w.fold_sem_off + align256(size_t(batch) * s.num_kv_heads * w.max_groups * sizeof(int));
+  return w;
+}
 }  // namespace
 
 size_t decode_workspace_bytes(const DecodeShape& s, int batch, int max_chunks) {
-  const int group = s.num_qo_heads / s.num_kv_heads;
-  const size_t n = size_t(batch) * s.num_kv_heads * max_chunks * group;
-  const size_t groups = (size_t(max_chunks) + kFoldChunks - 1) / kFoldChunks;
-  return align256(n * s.head_dim * sizeof(float)) + align256(n * sizeof(float2)) +
-         align256(size_t(batch) * s.num_kv_heads * sizeof(int)) +
-         align256(size_t(batch) * s.num_kv_heads * groups * sizeof(int));
+  return workspace_layout(s, batch, max_chunks).bytes;
 }
 
 void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
@@ -80,14 +93,13 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   kp.max_chunks = plan.max_chunks;
   kp.max_context = plan.max_context;
   kp.status = a.status;
-  const size_t n = size_t(plan.batch) * s.num_kv_heads * plan.max_chunks * kp.group;
+  const WorkspaceLayout wl = workspace_layout(s, plan.batch, plan.max_chunks);
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   kp.ws_acc = reinterpret_cast<float*>(ws);
-  kp.ws_ml = reinterpret_cast<float2*>(ws + align256(n * s.head_dim * sizeof(float)));
-  kp.max_groups = (plan.max_chunks + kFoldChunks - 1) / kFoldChunks;
-  const size_t sem_off = align256(n * s.head_dim * sizeof(float)) + align256(n * sizeof(float2));
-  kp.sem = reinterpret_cast<int*>(ws + sem_off);
-  kp.fold_sem = reinterpret_cast<int*>(ws + sem_off + align256(size_t(plan.batch) * s.num_kv_heads * sizeof(int)));
+  kp.ws_ml = reinterpret_cast<float2*>(ws + wl.ml_off);
+  kp.sem = reinterpret_cast<int*>(ws + wl.sem_off);
+  kp.fold_sem = reinterpret_cast<int*>(ws + wl.fold_sem_off);
+  kp.max_groups = wl.max_groups;
 
   kp.sink_tokens = format_info(s.format).sink_tokens;
   kp.sink_rows = kp.sink_tokens > 0 ? a.sinks.rows : nullptr;

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
-#include <type_traits>
 
 #include "decode_internal.cuh"
 #include "format_policy.cuh"
@@ -1258,7 +1257,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   // exact). The tree depends only on the sequence length, so the bits stay plan-, batch- and run-independent.
   __threadfence();
   __syncthreads();
-  const int n_groups = (n_chunks + kFoldChunks - 1) / kFoldChunks;
   if (n_chunks > kFoldChunks) fold_groups<D, kPairs, kGroupBatch>(p, base, b * H + h, split, n_chunks);
   // Arrival: the last CTA of this (sequence, kv head) merges; it resets the counter so a graph replay starts clean.
   if (tid == 0) {
@@ -1273,7 +1271,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
 
   const float os = P::out_scale(p.fp, h);
   float* o_s = red_s;  // [group][D] merged output before the (optional) inverse rotation
-  if (n_chunks > kFoldChunks) fold_partials<D, kPairs, kBatch, kFoldChunks>(p, base, 0, n_groups, m, l, o);
+  if (n_chunks > kFoldChunks)
+    fold_partials<D, kPairs, kBatch, kFoldChunks>(p, base, 0, (n_chunks + kFoldChunks - 1) / kFoldChunks, m, l, o);
   else fold_partials<D, kPairs, kBatch, 1>(p, base, 0, n_chunks, m, l, o);
   if constexpr (P::kQ) {
     // The chunks' sum is in the transformed domain (units 2 (k - o) p tau): scale by s/2, rotate back with G, add
