@@ -719,8 +719,44 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     };
     Cursor pc{split, 0, 0};  // producer: (chunk, K|V, step)
     while (pc.c < n_chunks && wsteps(pc.c) == 0) pc.c += p.num_splits;
+    // v23 (q formats): unit descriptors per chunk, in registers. When the producer enters a chunk, lane u < 2 kSteps
+    // describes unit u of this warp (K steps, then V steps) once: page lookup, source address, byte counts, whether
+    // it needs a zero fill; issuing unit u is then lane u arming the slot's mbarrier and starting its copies. Same-run
+    // A/B: q4/q3.5 1.03-1.05x at batch 8-64. For bf16/fp8 the descriptors' registers made the 128-register variants
+    // spill in the loop (8q/1kv 0.89-0.96x), and descriptors in shared memory were slower (0.94-0.99x), so those
+    // formats keep the per-unit issue below (bench/NOTES.md, v23).
+    constexpr bool kDesc = P::kQ;
+    static_assert(2 * kSteps <= 32, "one lane per unit of a chunk");
+    int pc_ws = 0;                   // this warp's steps in the producer's chunk (kDesc)
+    const uint8_t* d_src = nullptr;  // lane u: unit u's first code byte (its metadata at d_src + d_moff)
+    int32_t d_moff = 0;
+    uint32_t d_bytes = 0;            // lane u: code bytes | metadata bytes << 16
+    uint32_t d_zero = 0;             // bit u: unit u needs a zero fill (past the sequence's end, or a bad page)
+    auto describe = [&](int c) {     // warp-uniform c
+      pc_ws = wsteps(c);
+      bool z = false;
+      d_bytes = 0;
+      if (lane < 2 * kSteps && lane % kSteps < pc_ws) {
+        const int t = c * kChunkTokens + sub0 + (lane % kSteps) * 16;
+        const int ntok = min(16, len32 - t);
+        const int32_t pg = __ldg(prow + (t >> p.page_shift));
+        const bool ok = static_cast<uint32_t>(pg) < npages32;
+        const uint32_t cbytes = ok ? (ntok * Gm::kCode + 15) & ~15 : 0;
+        const uint32_t mbytes = ok ? (ntok * Gm::kMeta + 15) & ~15 : 0;
+        bad_page |= !ok;
+        z = cbytes < Wp::kUnitCode || mbytes < Wp::kUnitMeta;
+        const int off = t & page_mask;
+        d_src = (lane >= kSteps ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes +
+                (ok ? pg : 0) * page_stride + off * Gm::kCode;
+        d_moff = p.page_size * Gm::kCode + off * (Gm::kMeta - Gm::kCode);
+        d_bytes = cbytes | mbytes << 16;
+      }
+      d_zero = __ballot_sync(0xffffffffu, z);
+    };
+    if constexpr (kDesc)
+      if (pc.c < n_chunks) describe(pc.c);
     auto wnext = [&](Cursor& u) {
-      if (++u.tile < wsteps(u.c)) return;
+      if (++u.tile < (kDesc ? pc_ws : wsteps(u.c))) return;
       u.tile = 0;
       if (u.kind == 0) {
         u.kind = 1;
@@ -729,11 +765,34 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       u.kind = 0;
       do u.c += p.num_splits;
       while (u.c < n_chunks && wsteps(u.c) == 0);
+      if constexpr (kDesc)
+        if (u.c < n_chunks) describe(u.c);
     };
-    // Unit u into ring slot s: lane 0 arms the slot's mbarrier and issues the copies; bytes no copy writes (past
-    // the sequence's end, a page outside the pool) are zero-filled by the warp first (never stale NaNs in P.V).
+    // Unit u into ring slot s: bytes no copy writes (past the sequence's end, a page outside the pool) are
+    // zero-filled by the warp first (never stale NaNs in P.V), then one lane arms the slot's mbarrier and issues the
+    // copies.
     auto issue_unit = [&](const Cursor& u, int s) {
       uint8_t* dst = ring + s * Wp::kUnit;
+      if constexpr (kDesc) {
+        const int lu = u.kind * kSteps + u.tile;
+        if ((d_zero >> lu) & 1u) {
+          const uint32_t bytes = __shfl_sync(0xffffffffu, d_bytes, lu);
+          const int cbytes = bytes & 0xffffu, mbytes = bytes >> 16;
+          for (int o = cbytes + lane * 16; o < Wp::kUnitCode; o += 32 * 16)
+            *reinterpret_cast<uint4*>(dst + o) = make_uint4(0, 0, 0, 0);
+          for (int o = mbytes + lane * 16; o < Wp::kUnitMeta; o += 32 * 16)
+            *reinterpret_cast<uint4*>(dst + Wp::kUnitCode + o) = make_uint4(0, 0, 0, 0);
+          fence_proxy_async_smem();
+        }
+        __syncwarp();
+        if (lane == lu) {
+          const uint32_t cbytes = d_bytes & 0xffffu, mbytes = d_bytes >> 16;
+          mbar_arrive_expect_tx(&wbar_s[warp][s], cbytes + mbytes);
+          if (cbytes) bulk_copy(dst, d_src, cbytes, &wbar_s[warp][s]);
+          if (mbytes) bulk_copy(dst + Wp::kUnitCode, d_src + d_moff, mbytes, &wbar_s[warp][s]);
+        }
+        return;
+      }
       const uint8_t* hpool = (u.kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes;
       const int t = u.c * kChunkTokens + sub0 + u.tile * 16;
       const int ntok = min(16, len32 - t);
