@@ -407,6 +407,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   [[maybe_unused]] typename CtxOf<P>::type kctxm[P::kMmaQ ? D / 32 : 1], vctxm[P::kMmaQ ? D / 64 : 1];
   __shared__ float qscale_s[GMAX], qunscale_s[GMAX];
   __shared__ uint4 qfrag_s[P::kMmaQ ? D / 16 * 32 : 1];
+  // v24: the octets' per-width constants (OctetCtx minus the byte offset: mask, f16 offset, shifts) of K groups
+  // [0, D/8) and V groups [D/8, D/4), one 16-byte load per group and step; kept per thread in registers they did
+  // not fit the register budget, and the compiler recomputed them from the bit width at every step (~11
+  // instructions per group and step).
+  __shared__ uint4 octx_s[P::kMmaQ ? D / 4 : 1];
   if constexpr (P::kQ) {
     // q . x^ = q . mu + tau * sum_c ((G^T q)_c s_c / 2) * 2 (k_c - o_c): the transformed query goes to red_s (free
     // until the first P.V reduction), q . mu to c0_s. Fixed summation order: the same bits in every CTA and plan.
@@ -444,6 +449,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     }
     for (int i = tid; i < 256; i += kThreads) tau_s[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
     if constexpr (P::kMmaQ) {
+      if (tid < D / 4) {
+        const int g = tid % (D / 8);
+        octx_s[tid] = P::octet_pack(P::octet_ctx(tid < D / 8 ? kq.group_bits : p.fp.qv.head(h, D).group_bits, g));
+      }
       // f16 operands: scale each head's transformed query by a power of two so its largest element lies in
       // [2^13, 2^14) (full f16 precision, far from overflow); the fp32 score is scaled back exactly.
       __syncthreads();
@@ -864,10 +873,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
 #pragma unroll
             for (int j = 0; j < D / 32; ++j) {
               uint32_t lo, hi, fa[4], fb[4];
-              P::octet_words(tw, rowa, kctxm[j], lo, hi);
-              P::octet_f16x2(lo, hi, kctxm[j], fa);
-              P::octet_words(tw, rowb, kctxm[j], lo, hi);
-              P::octet_f16x2(lo, hi, kctxm[j], fb);
+              const auto cx = P::octet_unpack(octx_s[t4 + 4 * j], kctxm[j].off);
+              P::octet_words(tw, rowa, cx, lo, hi);
+              P::octet_f16x2(lo, hi, cx, fa);
+              P::octet_words(tw, rowb, cx, lo, hi);
+              P::octet_f16x2(lo, hi, cx, fb);
 #pragma unroll
               for (int i = 0; i < 2; ++i) {
                 const uint4 qf = qfrag_s[(2 * j + i) * 32 + lane];
@@ -972,8 +982,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
               for (int qq = 0; qq < 4; ++qq) {
                 const int tk = 2 * t4 + (qq & 1) + 8 * (qq >> 1);
                 uint32_t lo, hi;
-                P::octet_words(reinterpret_cast<const uint32_t*>(u), tk * Gm::kCode, vctxm[gs], lo, hi);
-                P::octet_f16x2(lo, hi, vctxm[gs], fa[qq]);
+                const auto cx = P::octet_unpack(octx_s[D / 8 + r + 8 * gs], vctxm[gs].off);
+                P::octet_words(reinterpret_cast<const uint32_t*>(u), tk * Gm::kCode, cx, lo, hi);
+                P::octet_f16x2(lo, hi, cx, fa[qq]);
               }
 #pragma unroll
               for (int j = 0; j < 4; ++j) {

@@ -360,6 +360,19 @@ struct QPolicy {
     c.sh1 = c.b > 0 ? static_cast<uint32_t>(c.b - 1) : 0u;
     return c;
   }
+  // v24: the width-dependent fields as one 16-byte value (shared memory), and back with the thread's byte offset.
+  __device__ __forceinline__ static uint4 octet_pack(const OctetCtx& c) {
+    return make_uint4(c.mask2x2, c.sub2, c.sh1, static_cast<uint32_t>(c.b));
+  }
+  __device__ __forceinline__ static OctetCtx octet_unpack(uint4 v, int off) {
+    OctetCtx c;
+    c.off = off;
+    c.b = static_cast<int>(v.w);
+    c.mask2x2 = v.x;
+    c.sub2 = v.y;
+    c.sh1 = v.z;
+    return c;
+  }
   // The group's two 32-bit code windows: lo holds codes 0..3 (bits 0, b, 2b, 3b), hi codes 4..7. `words` is the
   // shared-memory stage as 32-bit words (16-byte aligned) and `byte` the token row's offset in it: word indexing
   // keeps the loads in the shared window (LDS, 32-bit addresses; a uintptr_t round trip made them generic loads).
