@@ -5,10 +5,11 @@
 # head_dim 128, 4 heads, two CTAs per SM) the size of each warp-pipeline step (instructions between mbarrier waits)
 # and the instruction mix of the first chunk's steps.
 #   bash bench/tools/sass_local.sh [q4|q35|q3|fp8|bf16|int4|int4h] [KERNEL regex]
+# (static counts: cold paths such as zero fills are included; SASS_OUT=dir keeps the outputs apart)
 set -eu
 fmt=${1:-q4}
 kernel=${2:-'Li128ELi4ELi2EEEvNS0_18DecodeKernelParams'}
-root=$(cd "$(dirname "$0")/../.." && pwd)
+root=${SRC_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}  # SRC_ROOT: another tree, e.g. a base to compare with
 tools=${SASS_TOOLS:-/tmp/kvpack_sass_tools}
 out=${SASS_OUT:-/tmp/kvpack_sass}
 mkdir -p "$tools" "$out"

@@ -728,11 +728,43 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     };
     Cursor pc{split, 0, 0};  // producer: (chunk, K|V, step)
     while (pc.c < n_chunks && wsteps(pc.c) == 0) pc.c += p.num_splits;
+    // A unit (K|V, 16 tokens from t) of this warp: its page, byte counts (0 for a page outside the pool, whose
+    // bytes are zero-filled instead) and the offsets of its codes and metadata in the page's head block.
+    struct UnitSrc {
+      int32_t pg;
+      uint32_t cbytes, mbytes;
+      int coff, moff;
+    };
+    auto unit_src = [&](int t) {
+      const int ntok = min(16, len32 - t);
+      UnitSrc d;
+      d.pg = __ldg(prow + (t >> p.page_shift));
+      const bool ok = static_cast<uint32_t>(d.pg) < npages32;
+      bad_page |= !ok;
+      d.cbytes = ok ? (ntok * Gm::kCode + 15) & ~15 : 0;
+      d.mbytes = ok ? (ntok * Gm::kMeta + 15) & ~15 : 0;
+      const int off = t & page_mask;
+      d.coff = off * Gm::kCode;
+      d.moff = p.page_size * Gm::kCode + off * Gm::kMeta;
+      return d;
+    };
+    auto needs_zero = [&](uint32_t cbytes, uint32_t mbytes) {
+      return cbytes < Wp::kUnitCode || mbytes < Wp::kUnitMeta;
+    };
+    // Bytes no copy writes (past the sequence's end, a page outside the pool) are zero-filled by the warp before the
+    // copies start (never stale NaNs in P.V).
+    auto zero_fill = [&](uint8_t* dst, int cbytes, int mbytes) {
+      for (int o = cbytes + lane * 16; o < Wp::kUnitCode; o += 32 * 16)
+        *reinterpret_cast<uint4*>(dst + o) = make_uint4(0, 0, 0, 0);
+      for (int o = mbytes + lane * 16; o < Wp::kUnitMeta; o += 32 * 16)
+        *reinterpret_cast<uint4*>(dst + Wp::kUnitCode + o) = make_uint4(0, 0, 0, 0);
+      fence_proxy_async_smem();
+    };
     // v23 (q formats): unit descriptors per chunk, in registers. When the producer enters a chunk, lane u < 2 kSteps
     // describes unit u of this warp (K steps, then V steps) once: page lookup, source address, byte counts, whether
     // it needs a zero fill; issuing unit u is then lane u arming the slot's mbarrier and starting its copies. Same-run
-    // A/B: q4/q3.5 1.03-1.05x at batch 8-64. For bf16/fp8 the descriptors' registers made the 128-register variants
-    // spill in the loop (8q/1kv 0.89-0.96x), and descriptors in shared memory were slower (0.94-0.99x), so those
+    // A/B: q 1.03-1.09x at batch 8-64. For bf16/fp8 the descriptors' registers made the 128-register variants
+    // spill in the loop (8q/1kv 0.89-0.96x), and descriptors in shared memory were slower (0.91-1.01x), so those
     // formats keep the per-unit issue below (bench/NOTES.md, v23).
     constexpr bool kDesc = P::kQ;
     static_assert(2 * kSteps <= 32, "one lane per unit of a chunk");
@@ -740,25 +772,18 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     const uint8_t* d_src = nullptr;  // lane u: unit u's first code byte (its metadata at d_src + d_moff)
     int32_t d_moff = 0;
     uint32_t d_bytes = 0;            // lane u: code bytes | metadata bytes << 16
-    uint32_t d_zero = 0;             // bit u: unit u needs a zero fill (past the sequence's end, or a bad page)
+    uint32_t d_zero = 0;             // bit u: unit u needs a zero fill
     auto describe = [&](int c) {     // warp-uniform c
       pc_ws = wsteps(c);
       bool z = false;
       d_bytes = 0;
       if (lane < 2 * kSteps && lane % kSteps < pc_ws) {
-        const int t = c * kChunkTokens + sub0 + (lane % kSteps) * 16;
-        const int ntok = min(16, len32 - t);
-        const int32_t pg = __ldg(prow + (t >> p.page_shift));
-        const bool ok = static_cast<uint32_t>(pg) < npages32;
-        const uint32_t cbytes = ok ? (ntok * Gm::kCode + 15) & ~15 : 0;
-        const uint32_t mbytes = ok ? (ntok * Gm::kMeta + 15) & ~15 : 0;
-        bad_page |= !ok;
-        z = cbytes < Wp::kUnitCode || mbytes < Wp::kUnitMeta;
-        const int off = t & page_mask;
+        const UnitSrc d = unit_src(c * kChunkTokens + sub0 + (lane % kSteps) * 16);
+        z = needs_zero(d.cbytes, d.mbytes);
         d_src = (lane >= kSteps ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes +
-                (ok ? pg : 0) * page_stride + off * Gm::kCode;
-        d_moff = p.page_size * Gm::kCode + off * (Gm::kMeta - Gm::kCode);
-        d_bytes = cbytes | mbytes << 16;
+                (d.cbytes ? d.pg : 0) * page_stride + d.coff;
+        d_moff = d.moff - d.coff;
+        d_bytes = d.cbytes | d.mbytes << 16;
       }
       d_zero = __ballot_sync(0xffffffffu, z);
     };
@@ -777,21 +802,14 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       if constexpr (kDesc)
         if (u.c < n_chunks) describe(u.c);
     };
-    // Unit u into ring slot s: bytes no copy writes (past the sequence's end, a page outside the pool) are
-    // zero-filled by the warp first (never stale NaNs in P.V), then one lane arms the slot's mbarrier and issues the
-    // copies.
+    // Unit u into ring slot s: the zero fill, then one lane arms the slot's mbarrier and issues the copies.
     auto issue_unit = [&](const Cursor& u, int s) {
       uint8_t* dst = ring + s * Wp::kUnit;
       if constexpr (kDesc) {
         const int lu = u.kind * kSteps + u.tile;
         if ((d_zero >> lu) & 1u) {
           const uint32_t bytes = __shfl_sync(0xffffffffu, d_bytes, lu);
-          const int cbytes = bytes & 0xffffu, mbytes = bytes >> 16;
-          for (int o = cbytes + lane * 16; o < Wp::kUnitCode; o += 32 * 16)
-            *reinterpret_cast<uint4*>(dst + o) = make_uint4(0, 0, 0, 0);
-          for (int o = mbytes + lane * 16; o < Wp::kUnitMeta; o += 32 * 16)
-            *reinterpret_cast<uint4*>(dst + Wp::kUnitCode + o) = make_uint4(0, 0, 0, 0);
-          fence_proxy_async_smem();
+          zero_fill(dst, bytes & 0xffffu, bytes >> 16);
         }
         __syncwarp();
         if (lane == lu) {
@@ -802,30 +820,14 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         }
         return;
       }
-      const uint8_t* hpool = (u.kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes;
-      const int t = u.c * kChunkTokens + sub0 + u.tile * 16;
-      const int ntok = min(16, len32 - t);
-      const int32_t pg = __ldg(prow + (t >> p.page_shift));
-      const bool ok = static_cast<uint32_t>(pg) < npages32;
-      const uint32_t cbytes = ok ? (ntok * Gm::kCode + 15) & ~15 : 0;
-      const uint32_t mbytes = ok ? (ntok * Gm::kMeta + 15) & ~15 : 0;
-      bad_page |= !ok;
-      const bool zeroed = cbytes < Wp::kUnitCode || mbytes < Wp::kUnitMeta;
-      if (zeroed) {
-        for (int o = cbytes + lane * 16; o < Wp::kUnitCode; o += 32 * 16)
-          *reinterpret_cast<uint4*>(dst + o) = make_uint4(0, 0, 0, 0);
-        for (int o = mbytes + lane * 16; o < Wp::kUnitMeta; o += 32 * 16)
-          *reinterpret_cast<uint4*>(dst + Wp::kUnitCode + o) = make_uint4(0, 0, 0, 0);
-        fence_proxy_async_smem();
-      }
+      const UnitSrc d = unit_src(u.c * kChunkTokens + sub0 + u.tile * 16);
+      if (needs_zero(d.cbytes, d.mbytes)) zero_fill(dst, d.cbytes, d.mbytes);
       __syncwarp();
       if (lane == 0) {
-        mbar_arrive_expect_tx(&wbar_s[warp][s], cbytes + mbytes);
-        const uint8_t* block = hpool + pg * page_stride;
-        const int off = t & page_mask;
-        if (cbytes) bulk_copy(dst, block + off * Gm::kCode, cbytes, &wbar_s[warp][s]);
-        if (mbytes)
-          bulk_copy(dst + Wp::kUnitCode, block + p.page_size * Gm::kCode + off * Gm::kMeta, mbytes, &wbar_s[warp][s]);
+        mbar_arrive_expect_tx(&wbar_s[warp][s], d.cbytes + d.mbytes);
+        const uint8_t* block = (u.kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes + d.pg * page_stride;
+        if (d.cbytes) bulk_copy(dst, block + d.coff, d.cbytes, &wbar_s[warp][s]);
+        if (d.mbytes) bulk_copy(dst + Wp::kUnitCode, block + d.moff, d.mbytes, &wbar_s[warp][s]);
       }
     };
     for (int s = 0; s < depth && pc.c < n_chunks; ++s) {
