@@ -17,6 +17,7 @@
 #include "kvpack/codec.h"
 #include "kvpack/error.h"
 #include "kvpack/safetensors.h"
+#include <nlohmann/json.hpp>
 
 using namespace kvpack;
 
@@ -375,6 +376,71 @@ TEST(CalibFile, SaveLoadRoundTripIsExact) {
   EXPECT_EQ(sa, sb);
   std::filesystem::remove(p);
   std::filesystem::remove(p2);
+}
+
+// `Calibration::load(path)` without a model (kvpack inspect): the shape comes from the file, the same checks run
+// (a truncated file still fails), and the width-pattern summary counts every K and V slot once.
+TEST(CalibFile, LoadWithoutModelAndWidthPatterns) {
+  const ModelConfig c = tiny_config(128);
+  Calibration cal = fitted_calibration(c, 11);
+  const std::string p = tmp_path("any.kvcal");
+  cal.save(p);
+  const Calibration back = Calibration::load(p);
+  EXPECT_EQ(back.n_layers(), c.n_layers);
+  EXPECT_EQ(back.n_kv_heads(), c.n_kv_heads);
+  EXPECT_EQ(back.head_dim(), 128);
+  EXPECT_EQ(back.model_id(), calibration_model_id(c));
+  EXPECT_EQ(back.model_config().name, "tiny");
+  for (Format f : {Format::q4, Format::q3_5, Format::q3}) {
+    EXPECT_EQ(back.q(f).group_bits, cal.q(f).group_bits);
+    for (KvKind kind : {KvKind::K, KvKind::V}) {
+      const auto pats = width_patterns(back.q(f), kind);
+      ASSERT_FALSE(pats.empty());
+      int slots = 0;
+      for (size_t i = 0; i < pats.size(); ++i) {
+        slots += pats[i].slots;
+        ASSERT_EQ(pats[i].bits.size(), 16u);
+        int bytes = 0;
+        for (int b : pats[i].bits) bytes += b;
+        EXPECT_EQ(bytes, block::q_code_bytes(back.q(f).bits_x2, 128));
+        if (i) EXPECT_GE(pats[i - 1].slots, pats[i].slots);
+      }
+      EXPECT_EQ(slots, c.n_layers * c.n_kv_heads);
+    }
+  }
+  // The CLI over the same file.
+  const std::string cmd = std::string(KVPACK_CLI_PATH) + " inspect " + p + " --json";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("kind"), "kvpack calibration");
+  EXPECT_EQ(j.at("layers"), c.n_layers);
+  EXPECT_EQ(j.at("head_dim"), 128);
+  ASSERT_EQ(j.at("formats").size(), 3u);
+  EXPECT_EQ(j.at("formats")[0].at("format"), "q4");
+  EXPECT_EQ(j.at("formats")[0].at("code_bytes"), 63);
+  int listed = 0;
+  for (const auto& pj : j.at("formats")[0].at("V").at("patterns")) listed += pj.at("slots").get<int>();
+  EXPECT_EQ(listed, c.n_layers * c.n_kv_heads);
+  // A truncated copy fails with the calibration reader's reason, not a GGUF error alone.
+  {
+    std::ifstream in(p, std::ios::binary);
+    std::string bytes{std::istreambuf_iterator<char>(in), {}};
+    std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), 200);
+  }
+  EXPECT_THROW(Calibration::load(p), Error);
+  pipe = popen((std::string(KVPACK_CLI_PATH) + " inspect " + p + " 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  out.clear();
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  EXPECT_NE(pclose(pipe), 0);
+  EXPECT_NE(out.find("not a kvpack calibration file"), std::string::npos) << out;
+  std::filesystem::remove(p);
 }
 
 TEST(CalibFile, BadFilesGiveClearErrors) {

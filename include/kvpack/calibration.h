@@ -51,6 +51,9 @@ class Calibration {
   // is wrong (not a safetensors file, truncated, checksum mismatch, other format version, other model, missing or
   // ill-shaped tensor, non-finite or inconsistent parameters).
   static Calibration load(const std::string& path, const ModelConfig& expect);
+  // The same checks without a model (kvpack inspect): the shape comes from the file's tensors, the model is whatever
+  // it names; model_config() then holds only the name, layers, kv heads and head_dim.
+  static Calibration load(const std::string& path);
   // Writes atomically (safetensors writer); deterministic bytes for identical contents.
   void save(const std::string& path) const;
 
@@ -58,6 +61,7 @@ class Calibration {
   int n_kv_heads() const { return n_kv_heads_; }
   int head_dim() const { return head_dim_; }
   const std::string& model_id() const { return model_id_; }
+  const ModelConfig& model_config() const { return model_; }
   int slot(int layer, int head, KvKind kind) const { return (layer * n_kv_heads_ + head) * 2 + static_cast<int>(kind); }
 
   // fp8 e4m3 static scales [layers, kv heads, 2]: x ~ e4m3 * scale.
@@ -75,6 +79,7 @@ class Calibration {
   const std::map<std::string, std::string>& info() const { return info_; }
 
  private:
+  static Calibration load_impl(const std::string& path, const ModelConfig* expect_or_null);
   int n_layers_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
   std::string model_id_;
   ModelConfig model_;
@@ -86,6 +91,14 @@ class Calibration {
 // Identity of a model for calibration files: arch, shape and RoPE fields (a calibration file applies to any copy of
 // the same model, GGUF or HF, but not to a model of another shape).
 std::string calibration_model_id(const ModelConfig& c);
+
+// One bit-allocation pattern of a q format (the widths of groups 0..D/8-1) and how many K or V slots use it.
+struct WidthPattern {
+  std::vector<int> bits;
+  int slots = 0;
+};
+// The distinct K (or V) width patterns of a q format over all (layer, kv head) slots, most common first.
+std::vector<WidthPattern> width_patterns(const QFormatTables& t, KvKind kind);
 
 struct CalibrateOptions {
   bool progress = true;

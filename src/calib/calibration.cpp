@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstring>
 
@@ -160,7 +161,10 @@ void Calibration::save(const std::string& path) const {
   write_safetensors(path, ts, meta);
 }
 
-Calibration Calibration::load(const std::string& path, const ModelConfig& expect) {
+Calibration Calibration::load(const std::string& path, const ModelConfig& expect) { return load_impl(path, &expect); }
+Calibration Calibration::load(const std::string& path) { return load_impl(path, nullptr); }
+
+Calibration Calibration::load_impl(const std::string& path, const ModelConfig* expect_or_null) {
   SafetensorsFile file;
   try {
     file = SafetensorsFile::open(path);
@@ -189,7 +193,22 @@ Calibration Calibration::load(const std::string& path, const ModelConfig& expect
     KVPACK_CHECK(sum == get("checksum"), "calibration file {}: checksum mismatch (stored {}, computed {}): the file is corrupt",
                  path, get("checksum"), sum);
   }
-  const std::string want = calibration_model_id(expect);
+  // Without a model to check against (inspection), the shape comes from the tensors: fp8.scale [layers, kv heads, 2]
+  // and any q format's mean [layers, kv heads, 2, head_dim]; the other fields of the config stay unset.
+  ModelConfig shape;
+  if (!expect_or_null) {
+    const StTensor* fs = file.find("fp8.scale");
+    KVPACK_CHECK(fs != nullptr && fs->shape.size() == 3 && fs->shape[2] == 2 && fs->shape[0] > 0 && fs->shape[1] > 0,
+                 "calibration file {}: tensor 'fp8.scale' missing or not [layers, kv_heads, 2]", path);
+    shape.n_layers = static_cast<int>(fs->shape[0]);
+    shape.n_kv_heads = static_cast<int>(fs->shape[1]);
+    for (Format f : kQFormats)
+      if (const StTensor* m = file.find(std::string(format_name(f)) + ".mean"); m && m->shape.size() == 4)
+        shape.head_dim = static_cast<int>(m->shape[3]);
+    shape.name = get("model_name");
+  }
+  const ModelConfig& expect = expect_or_null ? *expect_or_null : shape;
+  const std::string want = expect_or_null ? calibration_model_id(expect) : get("model_id");
   KVPACK_CHECK(get("model_id") == want,
                "calibration file {}: made for model '{}' ({}), but the model is '{}' ({}); calibrate this model",
                path, get("model_name"), get("model_id"), expect.name, want);
@@ -244,6 +263,21 @@ Calibration Calibration::load(const std::string& path, const ModelConfig& expect
     t.derive();
   }
   return c;
+}
+
+std::vector<WidthPattern> width_patterns(const QFormatTables& t, KvKind kind) {
+  const int G = t.head_dim / 8;
+  std::map<std::vector<int>, int> count;
+  for (int s = static_cast<int>(kind); s < t.n_slots; s += 2) {
+    std::vector<int> b(G);
+    for (int g = 0; g < G; ++g) b[g] = t.group_bits[static_cast<size_t>(s) * G + g];
+    ++count[b];
+  }
+  std::vector<WidthPattern> out;
+  for (auto& [b, n] : count) out.push_back({b, n});
+  // Most common first; ties in the map's (lexicographic) order, so the list is deterministic.
+  std::stable_sort(out.begin(), out.end(), [](const WidthPattern& a, const WidthPattern& b) { return a.slots > b.slots; });
+  return out;
 }
 
 }  // namespace kvpack

@@ -1,12 +1,19 @@
 // `kvpack inspect FILE.gguf [--json] [--tensors]`: version, alignment, metadata (arrays summarised), the model
-// config kvpack derives, and optionally the tensor table.
+// config kvpack derives, and optionally the tensor table. `kvpack inspect FILE.kvcal [--json]`: the calibration
+// file's version, model, provenance, fp8 scales and each q format's bit allocations (distinct width patterns).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <fstream>
 #include <map>
+#include <optional>
+#include <string_view>
 
 #include "command.h"
+#include "kvpack/calibration.h"
 #include "kvpack/error.h"
+#include "kvpack/formats.h"
 #include "kvpack/gguf.h"
 
 namespace {
@@ -79,7 +86,85 @@ std::string human_bytes(double b) {
   return fmt::format("{:.1f} {}", b, units[u]);
 }
 
+// How many width patterns `inspect` lists per format and K|V (all of them are counted).
+constexpr size_t kPatternsShown = 5;
+
+int run_calibration(const std::string& path, const kvpack::Calibration& cal, bool json) {
+  const auto& scales = cal.fp8_scales();
+  const auto [smin, smax] = std::minmax_element(scales.begin(), scales.end());
+  ordered_json j;
+  j["file"] = path;
+  j["kind"] = "kvpack calibration";
+  j["version"] = kvpack::kCalibrationVersion;
+  j["model_name"] = cal.model_config().name;
+  j["model_id"] = cal.model_id();
+  j["layers"] = cal.n_layers();
+  j["kv_heads"] = cal.n_kv_heads();
+  j["head_dim"] = cal.head_dim();
+  j["info"] = cal.info();
+  j["fp8"] = {{"scale_min", *smin}, {"scale_max", *smax}};
+  ordered_json formats = ordered_json::array();
+  for (const auto& fi : kvpack::all_formats()) {
+    const kvpack::Format f = fi.id;
+    if (f == kvpack::Format::fp8 || !fi.calibrated || !cal.has(f)) continue;  // q formats (fp8 is shown above)
+    const auto& t = cal.q(f);
+    ordered_json fj{{"format", kvpack::format_name(f)},
+                    {"bits_per_element", fi.bits_per_element},
+                    {"code_bytes", kvpack::block::q_code_bytes(t.bits_x2, cal.head_dim())}};
+    for (kvpack::KvKind kind : {kvpack::KvKind::K, kvpack::KvKind::V}) {
+      const auto pats = kvpack::width_patterns(t, kind);
+      ordered_json pj = ordered_json::array();
+      for (const auto& p : pats) pj.push_back({{"bits", p.bits}, {"slots", p.slots}});
+      fj[kind == kvpack::KvKind::K ? "K" : "V"] = {{"slots", t.n_slots / 2}, {"distinct", pats.size()}, {"patterns", pj}};
+    }
+    formats.push_back(fj);
+  }
+  j["formats"] = formats;
+  if (json) {
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("file       {}\n", path);
+  fmt::print("kind       kvpack calibration, version {}\n", kvpack::kCalibrationVersion);
+  fmt::print("model      {} ({})\n", cal.model_config().name, cal.model_id());
+  fmt::print("shape      {} layers x {} kv heads x head_dim {} ({} slots per K and V)\n", cal.n_layers(),
+             cal.n_kv_heads(), cal.head_dim(), cal.n_layers() * cal.n_kv_heads());
+  for (const auto& [k, v] : cal.info()) fmt::print("  {:<12} {}\n", k, v);
+  fmt::print("fp8        static scales {:.4g} .. {:.4g}\n", *smin, *smax);
+  for (const auto& fj : formats) {
+    fmt::print("\n{}  ({:.4g} bits per element, {} code bytes per token)\n", fj["format"].get<std::string>(),
+               fj["bits_per_element"].get<double>(), fj["code_bytes"].get<int>());
+    for (const char* kind : {"K", "V"}) {
+      const auto& kj = fj[kind];
+      fmt::print("  {}: {} distinct width patterns over {} slots; most common:\n", kind, kj["distinct"].get<size_t>(),
+                 kj["slots"].get<int>());
+      for (size_t i = 0; i < kj["patterns"].size() && i < kPatternsShown; ++i)
+        fmt::print("    [{}]  {} slot{}\n", fmt::join(kj["patterns"][i]["bits"].get<std::vector<int>>(), ","),
+                   kj["patterns"][i]["slots"].get<int>(), kj["patterns"][i]["slots"].get<int>() == 1 ? "" : "s");
+    }
+  }
+  return 0;
+}
+
 int run(const std::string& path, bool json, bool show_tensors) {
+  // GGUF files start with "GGUF"; anything else is tried as a kvpack calibration file (a safetensors container).
+  char magic[4] = {};
+  {
+    std::ifstream in(path, std::ios::binary);
+    KVPACK_CHECK(in.good(), "{}: cannot open", path);
+    in.read(magic, 4);
+  }
+  if (std::string_view(magic, 4) != "GGUF") {
+    std::optional<kvpack::Calibration> cal;
+    try {
+      cal = kvpack::Calibration::load(path);
+    } catch (const kvpack::Error& e) {
+      kvpack::fail("{}: not a GGUF file (magic is {:02x} {:02x} {:02x} {:02x}) and not a kvpack calibration file ({})",
+                   path, static_cast<uint8_t>(magic[0]), static_cast<uint8_t>(magic[1]), static_cast<uint8_t>(magic[2]),
+                   static_cast<uint8_t>(magic[3]), e.what());
+    }
+    return run_calibration(path, *cal, json);
+  }
   const auto f = kvpack::GgufFile::open(path);
   std::optional<kvpack::ModelConfig> config;
   std::string config_error;
@@ -176,12 +261,13 @@ kvpack::cli::Runner setup(CLI::App* app) {
   auto path = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   auto tensors = std::make_shared<bool>(false);
-  app->add_option("file", *path, "GGUF file")->required();
+  app->add_option("file", *path, "GGUF model file or kvpack calibration file (.kvcal)")->required();
   app->add_flag("--json", *json, "Print JSON instead of text");
-  app->add_flag("--tensors", *tensors, "Also list every tensor (name, type, shape, offset, bytes)");
+  app->add_flag("--tensors", *tensors, "Also list every tensor (name, type, shape, offset, bytes; GGUF)");
   return [=] { return run(*path, *json, *tensors); };
 }
 
-const bool registered = kvpack::cli::register_command("inspect", "Show a GGUF file's metadata, model shape and tensors", setup);
+const bool registered = kvpack::cli::register_command("inspect",
+                                                     "Show a GGUF file's metadata, model shape and tensors, or a calibration file's contents", setup);
 
 }  // namespace
