@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 
+#include "cli_run.h"
 #include "calib/fit.h"
 #include "kvpack/block/layout.h"
 #include "kvpack/calibration.h"
@@ -409,15 +410,9 @@ TEST(CalibFile, LoadWithoutModelAndWidthPatterns) {
     }
   }
   // The CLI over the same file.
-  const std::string cmd = std::string(KVPACK_CLI_PATH) + " inspect " + p + " --json";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  ASSERT_EQ(pclose(pipe), 0) << out;
-  const auto j = nlohmann::json::parse(out);
+  const auto r = kvpack::test::run_cli("inspect " + p + " --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("kind"), "kvpack calibration");
   EXPECT_EQ(j.at("layers"), c.n_layers);
   EXPECT_EQ(j.at("head_dim"), 128);
@@ -434,12 +429,9 @@ TEST(CalibFile, LoadWithoutModelAndWidthPatterns) {
     std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), 200);
   }
   EXPECT_THROW(Calibration::load(p), Error);
-  pipe = popen((std::string(KVPACK_CLI_PATH) + " inspect " + p + " 2>&1").c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  out.clear();
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  EXPECT_NE(pclose(pipe), 0);
-  EXPECT_NE(out.find("not a kvpack calibration file"), std::string::npos) << out;
+  const auto bad = kvpack::test::run_cli("inspect " + p, true);
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.out.find("not a kvpack calibration file"), std::string::npos) << bad.out;
   std::filesystem::remove(p);
 }
 

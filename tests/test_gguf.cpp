@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.h"
 #include "kvpack/bf16.h"
 #include "kvpack/dequant.h"
 #include "kvpack/error.h"
@@ -735,15 +736,9 @@ TEST(GgufModel, WholeModelChecksumsMatchPackage) {
 // ---------------------------------------------------------------- CLI
 
 TEST(GgufCli, InspectJson) {
-  const std::string cmd = std::string(KVPACK_CLI_PATH) + " inspect " + kData + "metadata_v3.gguf --json --tensors";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
-  const auto j = nlohmann::json::parse(out);
+  const auto r = kvpack::test::run_cli("inspect " + kData + "metadata_v3.gguf --json --tensors");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("version"), 3);
   EXPECT_EQ(j.at("alignment"), 64);
   EXPECT_EQ(j.at("tensors").size(), 4u);
@@ -753,13 +748,7 @@ TEST(GgufCli, InspectJson) {
 }
 
 TEST(GgufCli, InspectBadFileFails) {
-  const std::string cmd = std::string(KVPACK_CLI_PATH) + " inspect " + kData + "smollm2_checksums.json 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  EXPECT_NE(pclose(p), 0);
-  EXPECT_NE(out.find("not a GGUF file"), std::string::npos) << out;
+  const auto r = kvpack::test::run_cli("inspect " + kData + "smollm2_checksums.json", true);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("not a GGUF file"), std::string::npos) << r.out;
 }

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include "cli_run.h"
 #include "kvpack/error.h"
 #include "kvpack/hf_config.h"
 #include "kvpack/plan.h"
@@ -46,23 +47,8 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
   }
 }
 
-struct CliResult {
-  int rc;
-  std::string out;
-};
-
-// Runs the kvpack CLI built next to the tests; stdout only unless `merge_stderr`.
-CliResult run_cli(const std::string& args, bool merge_stderr = false) {
-  std::string cmd = std::string("\"") + KVPACK_CLI_PATH + "\" " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  int status = pclose(f);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using kvpack::test::CliResult;
+using kvpack::test::run_cli;
 
 std::map<std::string, json> rows_by_format(const json& j) {
   std::map<std::string, json> m;
