@@ -3,9 +3,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <map>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "kvpack/calibration.h"
 #include "kvpack/error.h"
@@ -209,9 +209,10 @@ Calibration Calibration::load_impl(const std::string& path, const ModelConfig* e
   }
   const ModelConfig& expect = expect_or_null ? *expect_or_null : shape;
   const std::string want = expect_or_null ? calibration_model_id(expect) : get("model_id");
-  KVPACK_CHECK(get("model_id") == want,
-               "calibration file {}: made for model '{}' ({}), but the model is '{}' ({}); calibrate this model",
-               path, get("model_name"), get("model_id"), expect.name, want);
+  if (expect_or_null)
+    KVPACK_CHECK(get("model_id") == want,
+                 "calibration file {}: made for model '{}' ({}), but the model is '{}' ({}); calibrate this model",
+                 path, get("model_name"), get("model_id"), expect.name, want);
 
   Calibration c(expect, want);
   c.model_.name = get("model_name");
