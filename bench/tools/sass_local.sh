@@ -5,7 +5,8 @@
 # head_dim 128, 4 heads, two CTAs per SM) the size of each warp-pipeline step (instructions between mbarrier waits)
 # and the instruction mix of the first chunk's steps.
 #   bash bench/tools/sass_local.sh [q4|q35|q3|fp8|bf16|int4|int4h] [KERNEL regex]
-# (static counts: cold paths such as zero fills are included; SASS_OUT=dir keeps the outputs apart)
+# (static counts: cold paths such as zero fills are included; SASS_OUT=dir keeps the outputs apart; NVCC_FLAGS adds
+# compiler options, e.g. -DKVPACK_EXP_FIXED4=1)
 set -eu
 fmt=${1:-q4}
 kernel=${2:-'Li128ELi4ELi2EEEvNS0_18DecodeKernelParams'}
@@ -18,7 +19,7 @@ if [ ! -x "$tools/nvidia/cu13/bin/nvdisasm" ]; then
    chmod +x nvidia/cu13/bin/nvdisasm)
 fi
 nvcc -std=c++20 --expt-relaxed-constexpr -lineinfo -O3 -I "$root/include" -I "$root/src" -DFMT_USE_CONSTEXPR=1 \
-  -DKVPACK_HAVE_CUDA=1 -gencode=arch=compute_90a,code=sm_90a -Xptxas=-v -cubin -o "$out/$fmt.cubin" \
+  -DKVPACK_HAVE_CUDA=1 ${NVCC_FLAGS:-} -gencode=arch=compute_90a,code=sm_90a -Xptxas=-v -cubin -o "$out/$fmt.cubin" \
   "$root/src/cuda/decode_$fmt.cu" 2>&1 | grep -A2 "Compiling entry.*decode_kernel" | grep -E "entry|spill" |
   paste - - | sed -E 's/.*decode_kernelINS0_[0-9]*([A-Za-z0-9]+)[^L]*(Li[0-9]+ELi[0-9]+ELi[0-9]+).*for .sm_90a.[ \t]*/\1 \2 /'
 "$tools/nvidia/cu13/bin/nvdisasm" -c -g "$out/$fmt.cubin" > "$out/$fmt.sass"

@@ -504,10 +504,12 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   const uint32_t npages32 = static_cast<uint32_t>(p.num_pages < 0x7fffffff ? p.num_pages : 0x7fffffff);
   const int64_t page_stride = int64_t{H} * p.head_block_bytes;
   const int page_mask = p.page_size - 1;
+  // This CTA's kv head in the K (kind 0) or V (kind 1) pool; page pg's block is at head_base(kind) + pg * page_stride.
+  auto head_base = [&](int kind) { return (kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes; };
   bool bad_page = false;
   auto issue = [&](const Cursor& cu, int slot) {
     uint8_t* dst = smem + size_t(slot) * Gm::kStageBytes;
-    const uint8_t* hpool = (cu.kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes;
+    const uint8_t* hpool = head_base(cu.kind);
     const int t0 = cu.c * kChunkTokens + cu.tile * kTile;
     constexpr int kPieces = Gm::kTileCodeBytes / 16;
 #pragma unroll
@@ -567,7 +569,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   auto issue_bulk = [&](const Cursor& cu, int slot) {
     if (warp != 0) return;
     uint8_t* dst = smem + size_t(slot) * Gm::kStageBytes;
-    const uint8_t* hpool = (cu.kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes;
+    const uint8_t* hpool = head_base(cu.kind);
     const int t0 = cu.c * kChunkTokens + cu.tile * kTile;
     const int ntok = min(kTile, len32 - t0);  // > 0: the cursor only visits tiles holding tokens
     const int run = min(p.page_size, kTile);  // pages never cross a tile boundary, nor tiles a page's
@@ -780,8 +782,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       if (lane < 2 * kSteps && lane % kSteps < pc_ws) {
         const UnitSrc d = unit_src(c * kChunkTokens + sub0 + (lane % kSteps) * 16);
         z = needs_zero(d.cbytes, d.mbytes);
-        d_src = (lane >= kSteps ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes +
-                (d.cbytes ? d.pg : 0) * page_stride + d.coff;
+        d_src = head_base(lane >= kSteps) + (d.cbytes ? d.pg : 0) * page_stride + d.coff;
         d_moff = d.moff - d.coff;
         d_bytes = d.cbytes | d.mbytes << 16;
       }
@@ -825,7 +826,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       __syncwarp();
       if (lane == 0) {
         mbar_arrive_expect_tx(&wbar_s[warp][s], d.cbytes + d.mbytes);
-        const uint8_t* block = (u.kind ? p.v_pool : p.k_pool) + int64_t{h} * p.head_block_bytes + d.pg * page_stride;
+        const uint8_t* block = head_base(u.kind) + d.pg * page_stride;
         if (d.cbytes) bulk_copy(dst, block + d.coff, d.cbytes, &wbar_s[warp][s]);
         if (d.mbytes) bulk_copy(dst + Wp::kUnitCode, block + d.moff, d.mbytes, &wbar_s[warp][s]);
       }
