@@ -179,12 +179,32 @@ TEST(QBlock, HandBuiltParamsGiveExactBytes) {
   for (int c = 0; c < D; ++c) x[c] = 0.125f * static_cast<float>((c * 37) % 17 - 8);  // in [-1, 1], rms ~0.6
   uint8_t blk[32];
   block::Q4Block<D>::encode(p, x, blk, blk + 31);
-  // Scale byte: nearest 2^(k/16) to rms over the 56 coded channels.
+  // Scale byte: the search starts at e0, the nearest 2^(k/16) to the rms over the 56 coded channels, and keeps the
+  // first of e0, e0 - 1, e0 + 1, e0 - 2, ... (kScaleSearch steps each way) with the least reconstruction error.
   double ss = 0;
   for (int c = 0; c < 56; ++c) ss += double(x[c]) * x[c];
   const double r = std::sqrt(ss / 56);
-  const int e = static_cast<int>(std::lround(16 * std::log2(r))) + 128;
-  ASSERT_EQ(blk[31], e);
+  const int e0 = static_cast<int>(std::lround(16 * std::log2(r))) + 128;
+  auto err_at = [&](int e) {  // written independently of the core, in double
+    const double t = std::exp2((e - 128) / 16.0);
+    double sum = 0;
+    for (int c = 0; c < 56; ++c) {
+      const int b = bits[c / 8];
+      const int k = std::clamp(static_cast<int>(std::floor(x[c] / t / 0.25 + (1 << (b - 1)))), 0, (1 << b) - 1);
+      const double d = x[c] - (k - ((1 << b) - 1) / 2.0) * 0.25 * t;
+      sum += d * d;
+    }
+    return sum;
+  };
+  constexpr int kSearch = block::Q4Block<D>::kScaleSearch;
+  ASSERT_GE(kSearch, 1);
+  int e = e0;
+  for (int d = 1; d <= kSearch; ++d)
+    for (int cand : {e0 - d, e0 + d})
+      if (err_at(cand) < err_at(e)) e = cand;
+  ASSERT_EQ(block::Q4Block<D>::scale_byte_rms(p, x), e0);
+  ASSERT_EQ(blk[31], e) << "e0 " << e0;
+  EXPECT_LE(err_at(e), err_at(e0));
   const double tau = std::exp2((e - 128) / 16.0);
   // Reference packing, written independently of the core: codes per channel, then little-endian bit fields.
   std::vector<uint8_t> ref;
@@ -248,6 +268,62 @@ TEST(QBlock, GroupByGroupEqualsWholeVector) {
       ASSERT_EQ(std::memcmp(whole, parts, sizeof whole), 0) << "rep " << rep;
     }
   }
+}
+
+// The scale search: never worse than the RMS choice, exactly the first strict minimum over the candidates in their
+// fixed order (what the GPU write path reproduces from per-candidate errors), and bytes near 0 / 255 skip the
+// candidates outside the byte.
+TEST(QBlock, ScaleSearchPicksTheFirstLeastErrorCandidate) {
+  constexpr int D = 128;
+  using QB = block::Q35Block<D>;
+  static_assert(QB::kScaleCandidates == 2 * QB::kScaleSearch + 1);
+  EXPECT_EQ(QB::scale_candidate(10, 0), 10);
+  EXPECT_EQ(QB::scale_candidate(10, 1), 9);
+  EXPECT_EQ(QB::scale_candidate(10, 2), 11);
+  EXPECT_EQ(QB::scale_candidate(0, 1), -1);
+  EXPECT_EQ(QB::scale_candidate(0, 2), 1);
+  EXPECT_EQ(QB::scale_candidate(255, 2), -1);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> ud(0.05f, 0.6f);
+  std::vector<float> mean(D, 0.0f), eye(D * D, 0.0f), step(D), inv_step(D), w(D), y(D);
+  for (int i = 0; i < D; ++i) eye[i * D + i] = 1.0f;
+  const uint8_t bits[16] = {8, 6, 5, 5, 4, 4, 4, 4, 3, 3, 3, 3, 2, 1, 0, 0};  // 55 code bytes: q3.5 at D = 128
+  int n_coded = 0;
+  for (int g = 0; g < 16; ++g) n_coded += bits[g] ? 8 : 0;
+  for (int c = 0; c < D; ++c) {
+    step[c] = bits[c / 8] ? ud(rng) : 0.0f;
+    inv_step[c] = bits[c / 8] ? 1.0f / step[c] : 0.0f;
+    w[c] = bits[c / 8] ? 1.0f / static_cast<float>(n_coded) : 0.0f;
+  }
+  block::QParams p{mean.data(), eye.data(), eye.data(), step.data(), inv_step.data(), w.data(), bits};
+  int moved = 0;
+  for (int rep = 0; rep < 400; ++rep) {
+    // Norms from 2^-12 to 2^12: the RMS choice saturates at both ends of the byte.
+    const float norm = std::exp2(static_cast<float>(rep % 25 - 12));
+    for (auto& v : y) v = nd(rng) * norm;
+    const uint8_t e0 = QB::scale_byte_rms(p, y.data()), e = QB::scale_byte_of(p, y.data());
+    int want = e0;
+    float best = QB::scale_error(p, y.data(), e0);
+    for (int j = 1; j < QB::kScaleCandidates; ++j) {
+      const int c = QB::scale_candidate(e0, j);
+      if (c < 0) continue;
+      ASSERT_LE(std::abs(c - int{e0}), QB::kScaleSearch);
+      const float err = QB::scale_error(p, y.data(), static_cast<uint8_t>(c));
+      if (err < best) best = err, want = c;
+    }
+    ASSERT_EQ(e, want) << "rep " << rep;
+    ASSERT_LE(QB::scale_error(p, y.data(), e), QB::scale_error(p, y.data(), e0));
+    moved += e != e0;
+    // The encoder stores exactly this byte.
+    uint8_t blk[QB::kCodeBytes + 1];
+    QB::quantize(p, y.data(), e, blk);
+    uint8_t enc[QB::kCodeBytes + 1];
+    QB::encode(p, y.data(), enc, enc + QB::kCodeBytes);  // identity transform, zero mean: y is its own input
+    ASSERT_EQ(enc[QB::kCodeBytes], e);
+    ASSERT_EQ(std::memcmp(blk, enc, QB::kCodeBytes), 0);
+  }
+  EXPECT_GT(moved, 0);  // the search does move some bytes off the RMS choice
 }
 
 // The GPU write path computes transform rows in two layouts (row-major F, lanes = tokens, D/16 rows at once; or a

@@ -82,41 +82,51 @@ void fit_steps(const SlotStats& s, QFormatTables& t, int slot, const std::vector
   const block::QParams p0 = t.params(slot);
   for (int64_t i = 0; i < ns; ++i) {
     QB::transform(p0, s.samples.data() + i * D, ys.data() + i * D);
-    es[i] = QB::scale_byte_of(p0, ys.data() + i * D);
+    es[i] = QB::scale_byte_rms(p0, ys.data() + i * D);  // the search needs steps: not yet
   }
-  // Geometric grid of multipliers of the Gaussian-optimal step, evaluated for all groups at once.
-  constexpr int kGrid = 25;
-  std::vector<double> err(static_cast<size_t>(kGrid) * G, 0.0);
-  uint8_t codes[QB::kCodeBytes + 1];
-  float yh[D];
-  for (int j = 0; j < kGrid; ++j) {
-    const double mult = std::exp2((j - 12) / 16.0);
-    for (int c = 0; c < D; ++c) {
-      const int b = bits[c / 8];
-      step[c] = b ? static_cast<float>(kGaussStep[b] * mult * sigma[c]) : 0.0f;
-      inv_step[c] = b ? 1.0f / step[c] : 0.0f;
+  // Two passes: the first fits the steps at the RMS scale bytes (the search needs steps), the second at the bytes the
+  // encoder's scale search picks with the first pass's steps, i.e. at the scales the cache will actually use
+  // (docs/FORMATS.md, "Scale search": q4 KL -3.5% over one pass).
+  constexpr int kStepPasses = 2;
+  for (int pass = 0; pass < kStepPasses; ++pass) {
+    if (pass > 0) {  // the encoder's searched scale bytes at the steps of the previous pass
+      const block::QParams pf = t.params(slot);
+      for (int64_t i = 0; i < ns; ++i) es[i] = QB::scale_byte_of(pf, ys.data() + i * D);
     }
-    const block::QParams p = t.params(slot);
-    for (int64_t i = 0; i < ns; ++i) {
-      QB::quantize(p, ys.data() + i * D, es[i], codes);
-      codes[QB::kCodeBytes] = es[i];
-      QB::decode_transformed(p, codes, codes + QB::kCodeBytes, yh);
+    // Geometric grid of multipliers of the Gaussian-optimal step, evaluated for all groups at once.
+    constexpr int kGrid = 25;
+    std::vector<double> err(static_cast<size_t>(kGrid) * G, 0.0);
+    uint8_t codes[QB::kCodeBytes + 1];
+    float yh[D];
+    for (int j = 0; j < kGrid; ++j) {
+      const double mult = std::exp2((j - 12) / 16.0);
       for (int c = 0; c < D; ++c) {
-        const double e = static_cast<double>(yh[c]) - ys[static_cast<size_t>(i) * D + c];
-        err[static_cast<size_t>(j) * G + c / 8] += e * e;
+        const int b = bits[c / 8];
+        step[c] = b ? static_cast<float>(kGaussStep[b] * mult * sigma[c]) : 0.0f;
+        inv_step[c] = b ? 1.0f / step[c] : 0.0f;
+      }
+      const block::QParams p = t.params(slot);
+      for (int64_t i = 0; i < ns; ++i) {
+        QB::quantize(p, ys.data() + i * D, es[i], codes);
+        codes[QB::kCodeBytes] = es[i];
+        QB::decode_transformed(p, codes, codes + QB::kCodeBytes, yh);
+        for (int c = 0; c < D; ++c) {
+          const double e = static_cast<double>(yh[c]) - ys[static_cast<size_t>(i) * D + c];
+          err[static_cast<size_t>(j) * G + c / 8] += e * e;
+        }
       }
     }
-  }
-  for (int g = 0; g < G; ++g) {
-    int best = 12;
-    for (int j = 0; j < kGrid; ++j)
-      if (err[static_cast<size_t>(j) * G + g] < err[static_cast<size_t>(best) * G + g]) best = j;
-    const double mult = std::exp2((best - 12) / 16.0);
-    for (int i = 0; i < 8; ++i) {
-      const int c = 8 * g + i;
-      const int b = bits[g];
-      step[c] = b ? static_cast<float>(kGaussStep[b] * mult * sigma[c]) : 0.0f;
-      inv_step[c] = b ? 1.0f / step[c] : 0.0f;
+    for (int g = 0; g < G; ++g) {
+      int best = 12;
+      for (int j = 0; j < kGrid; ++j)
+        if (err[static_cast<size_t>(j) * G + g] < err[static_cast<size_t>(best) * G + g]) best = j;
+      const double mult = std::exp2((best - 12) / 16.0);
+      for (int i = 0; i < 8; ++i) {
+        const int c = 8 * g + i;
+        const int b = bits[g];
+        step[c] = b ? static_cast<float>(kGaussStep[b] * mult * sigma[c]) : 0.0f;
+        inv_step[c] = b ? 1.0f / step[c] : 0.0f;
+      }
     }
   }
 }

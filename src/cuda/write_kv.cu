@@ -152,9 +152,10 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
 //   kTiles (prefill): tiles of 64 tokens, each thread a register tile of D/32 rows x 4 tokens (dot_tile: 16-byte
 //     loads of F and of the centred inputs, rows padded to D + 4, 8 shared loads per 64 FMAs instead of one load
 //     per FMA) (v16: prefill 1.27x; on 16-64-token launches its 64-token tiles were 0.78-0.83x, hence kRows there).
-// One thread per token picks the scale byte; then one thread per (token, group of 8 channels) quantises its group
-// and writes its bytes. Bit-identical to the CPU encoder by construction in every form: each coefficient is summed
-// over c in order by the block core (dots / transform_rows / dot_tile), the scale byte is its scale_byte_of, each
+// The scale byte's search runs one thread per (token, candidate), the pick one thread per token; then one thread per
+// (token, group of 8 channels) quantises its group and writes its bytes. Bit-identical to the CPU encoder by
+// construction in every form: each coefficient is summed over c in order by the block core (dots / transform_rows /
+// dot_tile), the scale byte is its scale_byte_of (as scale_byte_rms, scale_error per candidate, scale_pick), each
 // group's bytes its quantize_group (what quantize() runs group by group). History in bench/NOTES.md.
 constexpr int kQThreads = 512;
 constexpr int kQSmall = 8;
@@ -251,11 +252,31 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
     for (int j = 0; j < kRowsPerWarp; ++j) y_s[lane * kRow + warp + j * (kQThreads / 32)] = yr[j];
   }
   __syncthreads();
+  // The scale byte's search (the block core's scale_byte_of, spread over threads): one thread per token finds the
+  // RMS choice e0, one thread per (token, candidate) computes that candidate's error with the core's scale_error,
+  // and the token's thread picks with the core's scale_pick: the same errors in the same order, so the same byte.
+  constexpr int kCand = Block::kScaleCandidates;
+  __shared__ uint8_t e0_s[kTok];
+  __shared__ float serr_s[kTok * kCand];
+  if (threadIdx.x < kTok && tok0 + threadIdx.x < num_tokens)
+    e0_s[threadIdx.x] = Block::scale_byte_rms(p, y_s + threadIdx.x * kRow);
+  if constexpr (kCand > 1) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTok * kCand; i += blockDim.x) {
+      const int tt = i / kCand;
+      if (tok0 + tt >= num_tokens) continue;
+      const int e = Block::scale_candidate(e0_s[tt], i % kCand);
+      if (e >= 0) serr_s[i] = Block::scale_error(p, y_s + tt * kRow, static_cast<uint8_t>(e));
+    }
+    __syncthreads();
+  }
   // Per token (threads < kTok, one per token): its slot resolved once, the scale byte stored, 1/tau and the code
   // row shared with the token's group threads.
   if (threadIdx.x < kTok) {
     const int64_t tok = tok0 + threadIdx.x;
-    const uint8_t e = tok < num_tokens ? Block::scale_byte_of(p, y_s + threadIdx.x * kRow) : uint8_t{0};
+    const float* errs = serr_s + threadIdx.x * kCand;
+    const uint8_t e =
+        tok < num_tokens ? Block::scale_pick(e0_s[threadIdx.x], [&](int j) { return errs[j]; }) : uint8_t{0};
     inv_tau_s[threadIdx.x] = block::decode_scale_byte_inv(e);
     int off = 0;
     uint8_t* blk = tok < num_tokens ? slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes,

@@ -3,8 +3,9 @@
 // Per (layer, kv head, K|V) the calibration file provides a static affine transform and a bit allocation:
 //   y = F (x - mu)                      F: D x D (a whitened KLT followed by a Hadamard inside each equal-bit group)
 //   channel c of y gets b_c bits, equal for the 8 channels of a group (b in 0..8, sum over groups = code bytes)
-// and per token the encoder picks one scale byte e (tau = 2^((e-128)/16), see common.h) from the RMS of y
-// weighted by calibrated per-channel weights. Each channel is a mid-rise uniform quantizer with calibrated step s_c:
+// and per token the encoder picks one scale byte e (tau = 2^((e-128)/16), see common.h): the RMS of y weighted by
+// calibrated per-channel weights gives e0, and of e0 +- kScaleSearch steps the one with the least reconstruction
+// error is kept (scale_byte_of). Each channel is a mid-rise uniform quantizer with calibrated step s_c:
 //   k_c = clamp(floor(y_c / tau / s_c + 2^(b-1)), 0, 2^b - 1),   y^_c = (k_c - (2^b - 1)/2) * s_c * tau
 //   x^ = mu + G y^                      G = F^-1 (D x D)
 // Keys: q . x^ = q . mu + tau * ((G^T q) * s) . (k - o): G, s and the offsets fold into the query once per step,
@@ -144,13 +145,67 @@ struct QBlock {
     for (int r = 0; r < D; ++r) y[r] = transform_row(p, t, r);
   }
 
-  static KVPACK_HD uint8_t scale_byte_of(const QParams& p, const float* y) {
+  // Scale search: the encoder tries the 2 kScaleSearch + 1 scale bytes around the RMS choice e0 (+-4.4% per step)
+  // and keeps the one whose reconstruction of the coded coefficients has the least squared error (in the whitened
+  // coordinates of y that error is the calibration metric's). Only the encoder searches; the decoder reads e as
+  // always. Candidate j: e0, then e0 - 1, e0 + 1, e0 - 2, e0 + 2, ... (bytes outside 0..255 skipped); the first
+  // strictly smallest error wins, so ties and the order are fixed and every implementation picks the same byte.
+  static constexpr int kScaleSearch = 8;  // +-8 bytes: tau within 2^(+-1/2) of the RMS choice (docs/FORMATS.md)
+  static constexpr int kScaleCandidates = 2 * kScaleSearch + 1;
+  // The scale byte nearest the weighted RMS of the coded coefficients (tau ~ 1 for a typical token): e0.
+  static KVPACK_HD uint8_t scale_byte_rms(const QParams& p, const float* y) {
     float acc = 0.0f;
     for (int c = 0; c < D; ++c) {
       float wy = p.rms_weight[c] * y[c];
       acc = fmaf(wy, y[c], acc);
     }
     return encode_scale_byte(sqrtf(acc));
+  }
+  // Candidate j of the search around e0, or -1 when it falls outside 0..255.
+  static KVPACK_HD int scale_candidate(uint8_t e0, int j) {
+    const int d = (j + 1) / 2, e = static_cast<int>(e0) + (j % 2 == 1 ? -d : d);
+    return e >= 0 && e <= 255 ? e : -1;
+  }
+  // The search given the candidates' errors (err_of(j) for valid candidates; the GPU write path computes them on
+  // separate threads and passes them in, the host calls scale_error directly).
+  template <class ErrOf>
+  static KVPACK_HD uint8_t scale_pick(uint8_t e0, ErrOf&& err_of) {
+    uint8_t best = e0;
+    float best_err = err_of(0);
+    for (int j = 1; j < kScaleCandidates; ++j) {
+      const int e = scale_candidate(e0, j);
+      if (e < 0) continue;
+      const float err = err_of(j);
+      if (err < best_err) best_err = err, best = static_cast<uint8_t>(e);
+    }
+    return best;
+  }
+  static KVPACK_HD uint8_t scale_byte_of(const QParams& p, const float* y) {
+    const uint8_t e0 = scale_byte_rms(p, y);
+    return scale_pick(e0, [&](int j) { return scale_error(p, y, static_cast<uint8_t>(scale_candidate(e0, j))); });
+  }
+  // Squared reconstruction error of the coded channels of y at scale byte e: the quantiser of quantize_group and
+  // the reconstruction of decode_transformed, summed channel by channel in order with explicit FMAs (no
+  // contraction choices left to the compiler, so host and device get the same bits).
+  static KVPACK_HD float scale_error(const QParams& p, const float* y, uint8_t e) {
+    const float inv_tau = decode_scale_byte_inv(e), tau = decode_scale_byte(e);
+    float err = 0.0f;
+    for (int g = 0; g < kGroups; ++g) {
+      const int b = p.group_bits[g];
+      if (b <= 0 || b > 8) continue;
+      const int top = (1 << b) - 1;
+      const float half = static_cast<float>(1 << (b - 1)), o = 0.5f * static_cast<float>(top);
+      for (int i = 0; i < 8; ++i) {
+        const int c = 8 * g + i;
+        const float t = y[c] * inv_tau;
+        int k = static_cast<int>(floorf(fmaf(t, p.inv_step[c], half)));
+        k = k < 0 ? 0 : (k > top ? top : k);
+        const float yh = (static_cast<float>(k) - o) * p.step[c];
+        const float d = fmaf(-yh, tau, y[c]);
+        err = fmaf(d, d, err);
+      }
+    }
+    return err;
   }
 
   // One group's codes: group g (b_g bits, its first code byte at `off` = sum of the earlier groups' bits) of already-
