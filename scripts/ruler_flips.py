@@ -7,7 +7,9 @@ answer token flipped) and copy errors (the answer starts uuid/number-shaped but 
 format flips against those it keeps.
 
   python3 scripts/ruler_flips.py RUN.json [RUN.json ...] [--task niah_uuid]
-Several files are merged by (task, length, index); each file's own bf16 is the reference for its formats.
+Each file is reported on its own, its own bf16 the reference for its formats; with several files a pooled summary
+follows (prompts of different files are different prompts, e.g. other seeds): accuracy, accuracy - bf16 with its
+paired standard error, lost / gained, for the formats every file has.
 """
 import argparse, json, re, statistics
 
@@ -16,6 +18,7 @@ ap.add_argument("files", nargs="+")
 ap.add_argument("--task", default="niah_uuid")
 a = ap.parse_args()
 needle = re.compile(r"^[\s:\n]*[0-9a-f]{8}-|^[\s:\n]*\d{5,}")
+pooled = {}  # format -> list of (bf16 correct, format correct), one per prompt of every file
 for path in a.files:
     recs = [r for r in json.load(open(path))["records"] if r["task"] == a.task]
     by = {}
@@ -26,6 +29,7 @@ for path in a.files:
     bf_ok = sum(v["bf16"]["correct"] for v in by.values())
     print(f"{path}: {a.task}, {n} prompts, bf16 correct {bf_ok}")
     for f in fmts:
+        pooled.setdefault(f, {})[path] = [(bool(v["bf16"]["correct"]), bool(v[f]["correct"])) for v in by.values()]
         lost = [k for k, v in by.items() if v["bf16"]["correct"] and not v[f]["correct"]]
         gained = [k for k, v in by.items() if not v["bf16"]["correct"] and v[f]["correct"]]
         copy = [k for k in lost if needle.match(by[k][f]["answer"])]
@@ -40,3 +44,16 @@ for path in a.files:
                 line += (f"  | bf16 first-token margin: flipped median {statistics.median(m_lost):.2f}, kept median "
                          f"{statistics.median(m_kept):.2f} nats")
         print(line)
+
+if len(a.files) > 1:
+    print(f"pooled over {len(a.files)} files:")
+    for f, per in pooled.items():
+        if len(per) < len(a.files):
+            continue
+        pairs = [x for path in a.files for x in per[path]]
+        n = len(pairs)
+        d = [int(c) - int(b) for b, c in pairs]
+        mean = sum(d) / n
+        se = (sum((x - mean) ** 2 for x in d) / (n - 1) / n) ** 0.5 if n > 1 else 0.0
+        print(f"  {f:6} {n} prompts: bf16 {sum(b for b, _ in pairs) / n:.3f}, {f} {sum(c for _, c in pairs) / n:.3f}, "
+              f"- bf16 {mean:+.3f} (paired s.e. {se:.3f}), lost {d.count(-1)} / gained {d.count(1)}")
