@@ -260,16 +260,14 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   __shared__ float serr_s[kTok * kCand];
   if (threadIdx.x < kTok && tok0 + threadIdx.x < num_tokens)
     e0_s[threadIdx.x] = Block::scale_byte_rms(p, y_s + threadIdx.x * kRow);
-  if constexpr (kCand > 1) {
-    __syncthreads();
-    for (int i = threadIdx.x; i < kTok * kCand; i += blockDim.x) {
-      const int tt = i / kCand;
-      if (tok0 + tt >= num_tokens) continue;
-      const int e = Block::scale_candidate(e0_s[tt], i % kCand);
-      if (e >= 0) serr_s[i] = Block::scale_error(p, y_s + tt * kRow, static_cast<uint8_t>(e));
-    }
-    __syncthreads();
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTok * kCand; i += blockDim.x) {
+    const int tt = i / kCand;
+    if (tok0 + tt >= num_tokens) continue;
+    const int e = Block::scale_candidate(e0_s[tt], i % kCand);
+    if (e >= 0) serr_s[i] = Block::scale_error(p, y_s + tt * kRow, static_cast<uint8_t>(e));
   }
+  __syncthreads();
   // Per token (threads < kTok, one per token): its slot resolved once, the scale byte stored, 1/tau and the code
   // row shared with the token's group threads.
   if (threadIdx.x < kTok) {

@@ -184,6 +184,14 @@ struct QBlock {
     const uint8_t e0 = scale_byte_rms(p, y);
     return scale_pick(e0, [&](int j) { return scale_error(p, y, static_cast<uint8_t>(scale_candidate(e0, j))); });
   }
+  // The code of one coefficient yc of channel c (b bits, 1..8) at 1/tau = inv_tau: the mid-rise quantiser that
+  // quantize_group writes and scale_error measures.
+  static KVPACK_HD int code_of(const QParams& p, float yc, float inv_tau, int c, int b) {
+    const int top = (1 << b) - 1;
+    const float t = yc * inv_tau;
+    const int k = static_cast<int>(floorf(fmaf(t, p.inv_step[c], static_cast<float>(1 << (b - 1)))));
+    return k < 0 ? 0 : (k > top ? top : k);
+  }
   // Squared reconstruction error of the coded channels of y at scale byte e: the quantiser of quantize_group and
   // the reconstruction of decode_transformed, summed channel by channel in order with explicit FMAs (no
   // contraction choices left to the compiler, so host and device get the same bits).
@@ -193,14 +201,10 @@ struct QBlock {
     for (int g = 0; g < kGroups; ++g) {
       const int b = p.group_bits[g];
       if (b <= 0 || b > 8) continue;
-      const int top = (1 << b) - 1;
-      const float half = static_cast<float>(1 << (b - 1)), o = 0.5f * static_cast<float>(top);
+      const float o = 0.5f * static_cast<float>((1 << b) - 1);
       for (int i = 0; i < 8; ++i) {
         const int c = 8 * g + i;
-        const float t = y[c] * inv_tau;
-        int k = static_cast<int>(floorf(fmaf(t, p.inv_step[c], half)));
-        k = k < 0 ? 0 : (k > top ? top : k);
-        const float yh = (static_cast<float>(k) - o) * p.step[c];
+        const float yh = (static_cast<float>(code_of(p, y[c], inv_tau, c, b)) - o) * p.step[c];
         const float d = fmaf(-yh, tau, y[c]);
         err = fmaf(d, d, err);
       }
@@ -215,15 +219,10 @@ struct QBlock {
     // Params are validated on load; the guard only keeps a bad table from writing past the block.
     if (!group_coded(p, g, off)) return;
     const int b = p.group_bits[g];
-    const int top = (1 << b) - 1;
-    const float half = static_cast<float>(1 << (b - 1));
     uint64_t acc = 0;
     for (int i = 0; i < 8; ++i) {
       const int c = 8 * g + i;
-      const float t = y[c] * inv_tau;
-      int k = static_cast<int>(floorf(fmaf(t, p.inv_step[c], half)));
-      k = k < 0 ? 0 : (k > top ? top : k);
-      acc |= static_cast<uint64_t>(k) << (b * i);
+      acc |= static_cast<uint64_t>(code_of(p, y[c], inv_tau, c, b)) << (b * i);
     }
     for (int j = 0; j < b; ++j) codes[off + j] = static_cast<uint8_t>(acc >> (8 * j));
   }
