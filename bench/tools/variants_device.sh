@@ -6,6 +6,8 @@
 #   VARIANTS="fixed4:-DKVPACK_EXP_FIXED4=1 raw:-DKVPACK_EXP_FIXED4=2" \
 #     BENCH_ARGS="--formats fp8,q4 --batch 8,64 --context 32k,128k" bash bench/tools/variants_device.sh
 # Variants may compute wrong values (speed-of-light experiments): only the main build is tested.
+# VAR_BENCH_ARGS: the variants' bench options when they differ from the main build's (e.g. only the formats a
+# variant changes; the table below then shows "-" for the rest), default BENCH_ARGS.
 # Files in $OUT: the run_device.sh logs, bench_main.json, bench_<variant>.json, variants.txt.
 set -u
 OUT=${OUT:-/tmp/kvpack_out}
@@ -23,16 +25,16 @@ for v in ${VARIANTS:-}; do
 done
 [ -n "${STEPS-test,sanitize}" ] && bash bench/run_device.sh "${STEPS-test,sanitize}" 2>&1 | tail -40
 for pid in "${pids[@]}"; do wait "$pid" || echo "a variant build failed"; done
-run_bench() {  # name binary
+run_bench() {  # name binary [args]
   local s; s=$(date +%s)
-  "$2" bench --table "$TABLE" ${BENCH_ARGS:-} --json "$OUT/bench_$1.json" > "/tmp/bench_$1.log" 2>&1
+  "$2" bench --table "$TABLE" ${3:-${BENCH_ARGS:-}} --json "$OUT/bench_$1.json" > "/tmp/bench_$1.log" 2>&1
   echo "bench ($1) rc=$? $(( $(date +%s) - s )) s"
 }
 run_bench main ./build-device/kvpack
 names=()
 for v in ${VARIANTS:-}; do
   name=${v%%:*}
-  if [ -x "build-var-$name/kvpack" ]; then run_bench "$name" "build-var-$name/kvpack"; names+=("$name");
+  if [ -x "build-var-$name/kvpack" ]; then run_bench "$name" "build-var-$name/kvpack" "${VAR_BENCH_ARGS:-}"; names+=("$name");
   else echo "variant $name: no binary"; tail -20 "/tmp/var_$name.build.log"; fi
 done
 python3 - "$OUT" "${names[@]}" <<'PY' | tee "$OUT/variants.txt"
