@@ -288,6 +288,10 @@ TEST(HfConfig, MoreBadInputs) {
   expect_error([&] { model_config_from_hf_json(with("hidden_size", 4097)); }, {"head_dim", "4097"});
   expect_error([&] { model_config_from_hf_json(with("vocab_size", 1e12)); }, {"vocab_size", "integer"});
   expect_error([&] { model_config_from_hf_json(with("vocab_size", int64_t{1} << 40)); }, {"vocab_size", "large"});
+  // A number beyond double's range is a JSON error, not an escaping nlohmann exception (found by fuzz_hf_config).
+  std::string big = j.dump();
+  big.replace(big.find("\"rms_norm_eps\":") + 15, 0, "1e500000,\"x\":");
+  expect_error([&] { model_config_from_hf_json(t.write("big.json", big)); }, {"big.json", "not valid JSON", "1e500000"});
   nlohmann::json q = load_json(hf("qwen2-7b.json"));
   q["use_sliding_window"] = true;
   expect_error([&] { model_config_from_hf_json(t.write("q.json", q.dump())); }, {"use_sliding_window"});

@@ -89,7 +89,15 @@ struct TuningTable {
   std::string gpu;           // device name the table was measured on
   std::string version;       // library version it was measured with
   std::vector<TuneEntry> entries;
-  static TuningTable load(const std::string& path);  // throws kvpack::Error naming the file and field
+  // The JSON form (`kvpack tune` writes it): {"gpu", "version", "entries": [{format, num_qo_heads, num_kv_heads,
+  // head_dim, page_size, batch, context, num_splits, stages, median_us}]}. Host code (src/common/tuning_table.cpp),
+  // no CUDA needed. parse/load throw kvpack::Error naming the source, the entry and the field for invalid JSON,
+  // missing or mistyped fields, values outside what plan_decode accepts (group sizes 1..8, head_dim 64 / 128,
+  // page_size 16 / 32 / 64 / 128, batch 1..65535, context 1..2^30, num_splits >= 1, stages 2..8, median_us
+  // finite >= 0) and two entries for the same bucket.
+  static TuningTable parse(const std::string& json_text, const std::string& source);
+  static TuningTable load(const std::string& path);
+  std::string to_json() const;
   void save(const std::string& path) const;
 };
 

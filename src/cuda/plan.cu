@@ -1,14 +1,12 @@
 // plan(): host-side choice of (num_splits, stages) per (format, shape, batch, context bucket), from a tuning table
 // measured by `kvpack tune` when one matches this GPU and library version, else from a fallback that is always
-// valid. Also the tuning table's JSON form.
+// valid. The tuning table's JSON form is host code: src/common/tuning_table.cpp.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <fstream>
 #include <mutex>
-#include <nlohmann/json.hpp>
 
 #include "decode_internal.cuh"
 #include "format_policy.cuh"
@@ -139,63 +137,6 @@ DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, con
   DecodePlan p = make_plan(s, batch, max_context, splits, stages);
   p.source = "fallback";
   return p;
-}
-
-TuningTable TuningTable::load(const std::string& path) {
-  std::ifstream f(path);
-  KVPACK_CU_CHECK(f.good(), "tuning table {}: cannot open", path);
-  nlohmann::json j;
-  try {
-    f >> j;
-  } catch (const std::exception& e) {
-    fail(fmt::runtime("tuning table {}: not valid JSON ({})"), path, e.what());
-  }
-  TuningTable t;
-  try {
-    t.gpu = j.at("gpu").get<std::string>();
-    t.version = j.at("version").get<std::string>();
-    const auto& es = j.at("entries");
-    KVPACK_CU_CHECK(es.is_array(), "tuning table {}: 'entries' is not an array", path);
-    for (size_t i = 0; i < es.size(); ++i) {
-      const auto& e = es[i];
-      TuneEntry x;
-      const auto fname = e.at("format").get<std::string>();
-      auto fmt = parse_format(fname);
-      KVPACK_CU_CHECK(fmt.has_value(), "tuning table {}: entries[{}].format '{}' unknown", path, i, fname);
-      x.format = *fmt;
-      x.num_qo_heads = e.at("num_qo_heads").get<int>();
-      x.num_kv_heads = e.at("num_kv_heads").get<int>();
-      x.head_dim = e.at("head_dim").get<int>();
-      x.page_size = e.at("page_size").get<int>();
-      x.batch = e.at("batch").get<int>();
-      x.context = e.at("context").get<int64_t>();
-      x.num_splits = e.at("num_splits").get<int>();
-      x.stages = e.at("stages").get<int>();
-      x.median_us = e.value("median_us", 0.0);
-      KVPACK_CU_CHECK(x.num_splits >= 1 && x.stages >= 2 && x.stages <= 8,
-                   "tuning table {}: entries[{}] has num_splits {} / stages {} out of range", path, i, x.num_splits,
-                   x.stages);
-      t.entries.push_back(x);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    fail(fmt::runtime("tuning table {}: missing or mistyped field ({})"), path, e.what());
-  }
-  return t;
-}
-
-void TuningTable::save(const std::string& path) const {
-  nlohmann::json j;
-  j["gpu"] = gpu;
-  j["version"] = version;
-  j["entries"] = nlohmann::json::array();
-  for (const auto& e : entries)
-    j["entries"].push_back({{"format", format_name(e.format)}, {"num_qo_heads", e.num_qo_heads},
-                            {"num_kv_heads", e.num_kv_heads}, {"head_dim", e.head_dim}, {"page_size", e.page_size},
-                            {"batch", e.batch}, {"context", e.context}, {"num_splits", e.num_splits},
-                            {"stages", e.stages}, {"median_us", e.median_us}});
-  std::ofstream f(path);
-  KVPACK_CU_CHECK(f.good(), "tuning table {}: cannot write", path);
-  f << j.dump(1) << "\n";
 }
 
 }  // namespace kvpack

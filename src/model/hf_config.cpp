@@ -190,7 +190,7 @@ HfConfigInfo parse_hf_config(const std::string& text, const std::string& source)
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond double (1e500000)
     fail("{}: not valid JSON: {}", source, e.what());
   }
   KVPACK_CHECK(j.is_object(), "{}: an HF config must be a JSON object, got {}", source, type_word(j));
