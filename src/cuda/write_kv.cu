@@ -188,9 +188,20 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   __shared__ float inv_tau_s[kTok];
   __shared__ uint8_t* codes_s[kTok];  // each token's code row in the pool, nullptr when not written
   __shared__ int goff_s[kGroups];
+  // The per-channel tables the scale search and the quantiser read for every candidate and channel (17 x D reads
+  // per token), staged once per CTA: the same values, so the same bits, without a global-memory load in the
+  // search's chains.
+  __shared__ float step_s[D], inv_step_s[D], rmsw_s[D];
+  __shared__ uint8_t gbits_s[kGroups];
   const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
   const int64_t tok0 = int64_t{blockIdx.x} * kTok;
   const block::QParams p0 = (kv ? params.qv : params.qk).head(head, D);
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    step_s[c] = p0.step[c];
+    inv_step_s[c] = p0.inv_step[c];
+    rmsw_s[c] = p0.rms_weight[c];
+    if (c < kGroups) gbits_s[c] = p0.group_bits[c];
+  }
   for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x) {
     const float4 f = reinterpret_cast<const float4*>(p0.fwd)[i];
     const int r = (4 * i) / D, c = (4 * i) % D;
@@ -218,6 +229,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   __syncthreads();
   block::QParams p = p0;
   p.fwd = F;  // kRows reads F's rows through transform_rows (row-major, stride D)
+  p.step = step_s, p.inv_step = inv_step_s, p.rms_weight = rmsw_s, p.group_bits = gbits_s;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if constexpr (G::kSmall) {
     // Lanes = rows: D / 32 warps cover the rows of a token pair, the 16 warps kQThreads / D pairs (>= kQSmall tokens).
