@@ -32,13 +32,15 @@ lengths = sorted({k[2] for k in rec if a.length is None or k[2] == a.length})
 for L in lengths:
     fmts = [f for f in ORDER if any(k[0] == f and k[2] == L for k in rec)]
     prompts = sorted({(k[1], k[3]) for k in rec if k[0] == "bf16" and k[2] == L})
+    missing = [(f, t, i) for f in fmts for t, i in prompts if (f, t, L, i) not in rec]
+    if missing:
+        raise SystemExit(f"{missing[0][0]} has no answer for {missing[0][1]} #{missing[0][2]} at length {L}: "
+                         "not the same prompts")
+    allc = {f: [1.0 if rec[(f, t, L, i)]["correct"] else 0.0 for t, i in prompts] for f in fmts}
     by = defaultdict(list)  # (format, task) -> correct flags
     for f in fmts:
-        for t, i in prompts:
-            r = rec.get((f, t, L, i))
-            if r is None:
-                raise SystemExit(f"{f} has no answer for {t} #{i} at length {L}: not the same prompts")
-            by[(f, t)].append(1.0 if r["correct"] else 0.0)
+        for (t, _), c in zip(prompts, allc[f]):
+            by[(f, t)].append(c)
     tasks = [t for t in TASKS if any(p[0] == t for p in prompts)]
     n_per = {t: sum(1 for p in prompts if p[0] == t) for t in tasks}
     print(f"\nLength {L}: {len(prompts)} prompts ({', '.join(f'{t} {n_per[t]}' for t in tasks)}), formats {', '.join(fmts)}\n")
@@ -46,7 +48,6 @@ for L in lengths:
     print("|---" * (len(fmts) + 1) + "|")
     for t in tasks:
         print(f"| {t} ({n_per[t]}) | " + " | ".join(f"{sum(by[(f, t)]) / n_per[t]:.2f}" for f in fmts) + " |")
-    allc = {f: [rec[(f, t, L, i)]["correct"] * 1.0 for t, i in prompts] for f in fmts}
     n = len(prompts)
     row_acc, row_d, row_lg, row_kl = [], [], [], []
     for f in fmts:
