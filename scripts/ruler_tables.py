@@ -41,7 +41,9 @@ for L in lengths:
     for f in fmts:
         for (t, _), c in zip(prompts, allc[f]):
             by[(f, t)].append(c)
+    # The suite's order for the tasks it knows, then any other task in the files (never dropped from the rows).
     tasks = [t for t in TASKS if any(p[0] == t for p in prompts)]
+    tasks += sorted({p[0] for p in prompts} - set(tasks))
     n_per = {t: sum(1 for p in prompts if p[0] == t) for t in tasks}
     print(f"\nLength {L}: {len(prompts)} prompts ({', '.join(f'{t} {n_per[t]}' for t in tasks)}), formats {', '.join(fmts)}\n")
     print("| task (n) | " + " | ".join(fmts) + " |")
