@@ -95,10 +95,28 @@ TEST(TuningTable, TheTablesInBenchResultsLoad) {
     SCOPED_TRACE(name);
     const TuningTable t = TuningTable::load(f.path().string());
     EXPECT_FALSE(t.entries.empty());
-    EXPECT_NE(t.gpu.find("H200"), std::string::npos);
+    EXPECT_EQ(t.gpu.rfind("NVIDIA H", 0), 0u) << t.gpu;
     ++n;
   }
   EXPECT_GE(n, 1);
+}
+
+// The tables embedded in the library (CMakeLists.txt, KVPACK_BUILTIN_TABLES) are the committed files, one per GPU,
+// measured with this library version; plan_decode finds them by the CUDA device name.
+TEST(TuningTable, BuiltInTablesAreTheCommittedFiles) {
+  const auto& tables = builtin_tuning_tables();
+  ASSERT_EQ(tables.size(), 2u);
+  const std::string dir = std::string(KVPACK_SOURCE_DIR) + "/bench/results/";
+  EXPECT_EQ(tables[0].to_json(), TuningTable::load(dir + "tune_v9.json").to_json());
+  EXPECT_EQ(tables[1].to_json(), TuningTable::load(dir + "tune_h100_v1.json").to_json());
+  for (const TuningTable& t : tables) {
+    EXPECT_EQ(t.version, KVPACK_VERSION);
+    EXPECT_EQ(builtin_tuning_table(t.gpu), &t);
+  }
+  EXPECT_NE(builtin_tuning_table("NVIDIA H200"), nullptr);
+  EXPECT_NE(builtin_tuning_table("NVIDIA H100 80GB HBM3"), nullptr);
+  EXPECT_EQ(builtin_tuning_table("NVIDIA A100-SXM4-80GB"), nullptr);
+  EXPECT_EQ(builtin_tuning_table(""), nullptr);
 }
 
 TEST(TuningTable, MalformedFilesNameTheFieldAndEntry) {

@@ -72,7 +72,7 @@ struct DecodePlan {
   int stages = 4;            // cp.async pipeline depth (tiles in flight per CTA)
   int max_chunks = 0;        // ceil(max_context / kChunkTokens)
   size_t workspace_bytes = 0;  // device workspace run() needs; zero it once after allocation (run leaves it so)
-  std::string source;        // "table" or "fallback": where the configuration came from
+  std::string source;        // "table", "built-in table", "fallback" or "explicit": where the configuration came from
 };
 
 // One tuned entry: for (format, shape, batch bucket, context bucket) the best (num_splits, stages).
@@ -101,8 +101,23 @@ struct TuningTable {
   void save(const std::string& path) const;
 };
 
-// Host only; never touches the device except to read the SM count once (cached).
-// A table whose gpu/version do not match the running ones is ignored (fallback used).
+// Split count of the fallback plan (and of a tuned bucket's stages applied to an untuned batch or context): CTAs
+// run in waves of `slots` (SMs x resident CTAs per SM); `units` (sequence, kv head) pairs of `chunks` KV chunks
+// each, cut into s splits, take about waves(s) x (ceil(chunks / s) + c) chunk-times, where c = 1/2 chunk is what a
+// CTA costs besides its chunks (prologue, query transform, partial writes and its share of the merge). The smallest
+// s of least cost wins. Without c the model saw no price in splitting and cut batch 64 x 32k into one-chunk CTAs:
+// 1.25x (fp8) to 1.7x (q formats) slower than the tuned plan on an H100 (bench/NOTES.md, v29). Host code.
+int wave_model_splits(int64_t units, int64_t chunks, int64_t slots);
+
+// The tuning tables shipped inside the library (bench/results/tune_v9.json: NVIDIA H200, tune_h100_v1.json: NVIDIA
+// H100 80GB HBM3; embedded at build time), parsed on first use; the one measured on `gpu_name` (the CUDA device
+// name), or null.
+const std::vector<TuningTable>& builtin_tuning_tables();
+const TuningTable* builtin_tuning_table(const std::string& gpu_name);
+
+// Host only; never touches the device except to read the SM count and name once (cached). With no table, the
+// built-in table of the running GPU is used when there is one. A table whose gpu/version do not match the running
+// ones is ignored (fallback used: 3 stages, splits from wave_model_splits).
 DecodePlan plan_decode(const DecodeShape& shape, int batch, int64_t max_context, const TuningTable* table = nullptr);
 // Same, with an explicit configuration (tuner, tests); validates it.
 DecodePlan plan_decode_with(const DecodeShape& shape, int batch, int64_t max_context, int num_splits, int stages);

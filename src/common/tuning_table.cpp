@@ -7,6 +7,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "common/builtin_tables.h"
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
 
@@ -126,6 +127,23 @@ void TuningTable::save(const std::string& path) const {
   KVPACK_CHECK(f.good(), "tuning table {}: cannot write", path);
   f << to_json();
   KVPACK_CHECK(f.good(), "tuning table {}: write failed", path);
+}
+
+const std::vector<TuningTable>& builtin_tuning_tables() {
+  static const std::vector<TuningTable> tables = [] {
+    std::vector<TuningTable> v;
+    for (int i = 0; i < detail::kNumBuiltinTables; ++i)
+      v.push_back(TuningTable::parse(detail::kBuiltinTables[i].json,
+                                     std::string("built-in ") + detail::kBuiltinTables[i].name));
+    return v;
+  }();
+  return tables;
+}
+
+const TuningTable* builtin_tuning_table(const std::string& gpu_name) {
+  for (const TuningTable& t : builtin_tuning_tables())
+    if (t.gpu == gpu_name) return &t;
+  return nullptr;
 }
 
 }  // namespace kvpack

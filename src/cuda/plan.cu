@@ -59,23 +59,12 @@ void check_shape(const DecodeShape& s, int batch, int64_t max_context) {
   (void)make_paged_layout(s.format, s.page_size, s.num_kv_heads, s.head_dim);  // validates format/page/head_dim
 }
 
-// Split count from a wave model: CTAs run in waves of (SMs x resident CTAs per SM); the step takes about
-// waves x (chunks per CTA) chunk-times. The smallest split count with the least makespan wins (fewer partials).
 int model_splits(const DecodeShape& s, int batch, int64_t max_context, int stages) {
   const int group = s.num_qo_heads / s.num_kv_heads;
   const int64_t units = std::max<int64_t>(1, int64_t{batch} * s.num_kv_heads);
   const int64_t chunks = (max_context + kChunkTokens - 1) / kChunkTokens;
   const int64_t slots = int64_t{device_sm_count()} * decode_ctas_per_sm(s.format, s.head_dim, group, stages);
-  int64_t best = 1, best_cost = INT64_MAX;
-  for (int64_t sp = 1; sp <= std::min<int64_t>(chunks, 4096); ++sp) {
-    const int64_t waves = (units * sp + slots - 1) / slots;
-    const int64_t cost = waves * ((chunks + sp - 1) / sp);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = sp;
-    }
-  }
-  return static_cast<int>(best);
+  return wave_model_splits(units, chunks, slots);
 }
 
 DecodePlan make_plan(const DecodeShape& s, int batch, int64_t max_context, int splits, int stages) {
@@ -106,6 +95,7 @@ DecodePlan plan_decode_with(const DecodeShape& s, int batch, int64_t max_context
 
 DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, const TuningTable* table) {
   check_shape(s, batch, max_context);
+  if (!table) table = builtin_tuning_table(device_info().name);
   if (table && table->gpu == device_info().name && table->version == library_version()) {
     const TuneEntry* best = nullptr;
     for (const auto& e : table->entries) {
@@ -123,7 +113,7 @@ DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, con
                                ? best->num_splits
                                : model_splits(s, batch, max_context, best->stages);
         DecodePlan p = make_plan(s, batch, max_context, splits, best->stages);
-        p.source = "table";
+        p.source = table == builtin_tuning_table(device_info().name) ? "built-in table" : "table";
         return p;
       }
     }

@@ -1,0 +1,57 @@
+// plan_decode's wave model (src/common/split_model.cpp): the split counts it picks for the benchmark's shapes on a
+// 132-SM GPU with two resident CTAs per SM, against the choices `kvpack tune` measured on an H100
+// (bench/results/tune_h100_v1.json), and its argument checks.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kvpack/decode.h"
+#include "kvpack/error.h"
+
+using namespace kvpack;
+
+namespace {
+constexpr int64_t kSlots = 132 * 2;
+int64_t chunks_of(int64_t context) { return (context + kChunkTokens - 1) / kChunkTokens; }
+}  // namespace
+
+// Large batches: one split per (sequence, kv head). The model without a per-CTA cost cut batch 64 x 32k into 64
+// one-chunk CTAs (1.25x slower for fp8, 1.66x for q4 on the H100 than the tuned single split).
+TEST(WaveModelSplits, LargeBatchesKeepWholeSequences) {
+  EXPECT_EQ(wave_model_splits(64 * 8, chunks_of(32768), kSlots), 1);
+  EXPECT_EQ(wave_model_splits(64 * 8, chunks_of(131072), kSlots), 1);
+  EXPECT_EQ(wave_model_splits(32 * 8, chunks_of(65536), kSlots), 1);
+}
+
+// Where `kvpack tune` on the H100 agrees with the model (32q/8kv and 8q/1kv, q4 and fp8 entries).
+TEST(WaveModelSplits, MatchesTunedChoices) {
+  struct Case {
+    int64_t units, context;
+    int splits;
+  };
+  const Case cases[] = {
+      {8, 8192, 16},    {8, 32768, 32},    {64, 8192, 4},   {64, 32768, 4},   {64, 131072, 4},
+      {128, 8192, 2},   {128, 65536, 2},   {256, 32768, 1}, {1, 8192, 16},    {1, 32768, 64},
+      {1, 131072, 256}, {8, 8192, 16},     {64, 65536, 4},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("units " + std::to_string(c.units) + " context " + std::to_string(c.context));
+    EXPECT_EQ(wave_model_splits(c.units, chunks_of(c.context), kSlots), c.splits);
+  }
+}
+
+TEST(WaveModelSplits, StaysWithinTheChunks) {
+  for (int64_t units : {1, 3, 7, 64, 300, 5000})
+    for (int64_t chunks : {1, 2, 5, 64, 257, 2048, 10000})
+      for (int64_t slots : {1, 80, 264, 1000}) {
+        const int s = wave_model_splits(units, chunks, slots);
+        EXPECT_GE(s, 1);
+        EXPECT_LE(s, std::min<int64_t>(chunks, 4096));
+      }
+}
+
+TEST(WaveModelSplits, RejectsEmptyWork) {
+  EXPECT_THROW(wave_model_splits(0, 1, 1), Error);
+  EXPECT_THROW(wave_model_splits(1, 0, 1), Error);
+  EXPECT_THROW(wave_model_splits(1, 1, 0), Error);
+}
