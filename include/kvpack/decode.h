@@ -115,9 +115,9 @@ int wave_model_splits(int64_t units, int64_t chunks, int64_t slots);
 const std::vector<TuningTable>& builtin_tuning_tables();
 const TuningTable* builtin_tuning_table(const std::string& gpu_name);
 
-// Host only; never touches the device except to read the SM count and name once (cached). With no table, the
-// built-in table of the running GPU is used when there is one. A table whose gpu/version do not match the running
-// ones is ignored (fallback used: 3 stages, splits from wave_model_splits).
+// Host only; never touches the device except to read the SM count and name once (cached). A table whose gpu/version
+// do not match the running ones (or none) gives way to the built-in table of the running GPU when there is one, else
+// to the fallback (3 stages, splits from wave_model_splits).
 DecodePlan plan_decode(const DecodeShape& shape, int batch, int64_t max_context, const TuningTable* table = nullptr);
 // Same, with an explicit configuration (tuner, tests); validates it.
 DecodePlan plan_decode_with(const DecodeShape& shape, int batch, int64_t max_context, int num_splits, int stages);

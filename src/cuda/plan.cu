@@ -95,8 +95,12 @@ DecodePlan plan_decode_with(const DecodeShape& s, int batch, int64_t max_context
 
 DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, const TuningTable* table) {
   check_shape(s, batch, max_context);
-  if (!table) table = builtin_tuning_table(device_info().name);
-  if (table && table->gpu == device_info().name && table->version == library_version()) {
+  // The caller's table when it was measured on this GPU with this library, else the built-in one of this GPU.
+  const auto usable = [](const TuningTable* t) {
+    return t && t->gpu == device_info().name && t->version == library_version();
+  };
+  if (!usable(table)) table = builtin_tuning_table(device_info().name);
+  if (usable(table)) {
     const TuneEntry* best = nullptr;
     for (const auto& e : table->entries) {
       if (e.format != s.format || e.num_qo_heads != s.num_qo_heads || e.num_kv_heads != s.num_kv_heads ||
