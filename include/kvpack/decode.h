@@ -119,6 +119,9 @@ const TuningTable* builtin_tuning_table(const std::string& gpu_name);
 // do not match the running ones (or none) gives way to the built-in table of the running GPU when there is one, else
 // to the fallback (3 stages, splits from wave_model_splits).
 DecodePlan plan_decode(const DecodeShape& shape, int batch, int64_t max_context, const TuningTable* table = nullptr);
+// The fallback configuration alone, whatever tables exist (what a GPU without a table gets; `kvpack bench --table
+// fallback` compares it with the tuned plans).
+DecodePlan plan_decode_fallback(const DecodeShape& shape, int batch, int64_t max_context);
 // Same, with an explicit configuration (tuner, tests); validates it.
 DecodePlan plan_decode_with(const DecodeShape& shape, int batch, int64_t max_context, int num_splits, int stages);
 

@@ -227,7 +227,7 @@ DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_co
 DecodeBench::~DecodeBench() = default;
 
 DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table,
-                                      int iters) {
+                                      int iters, bool fallback) {
   Impl& m = *impl_;
   const DecodeShape& s = m.shape;
   KVPACK_CHECK(batch <= m.max_batch && context <= m.max_context, "bench: batch {} x context {} exceeds the pool",
@@ -256,7 +256,9 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   random_bf16_kernel<<<(qn + 255) / 256, 256>>>(q, qn, m.seed + 17);
   KVPACK_CUDA_CHECK(cudaMemset(status, 0, 4));
 
-  DecodePlan plan = splits > 0 ? plan_decode_with(s, batch, context, splits, stages) : plan_decode(s, batch, context, table);
+  DecodePlan plan = splits > 0 ? plan_decode_with(s, batch, context, splits, stages)
+                    : fallback   ? plan_decode_fallback(s, batch, context)
+                                 : plan_decode(s, batch, context, table);
   void* ws = dmalloc<uint8_t>(plan.workspace_bytes);
   KVPACK_CUDA_CHECK(cudaMemset(ws, 0, plan.workspace_bytes));
   DecodeArgs a;

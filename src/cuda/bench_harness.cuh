@@ -43,8 +43,10 @@ class DecodeBench {
   ~DecodeBench();
   DecodeBench(const DecodeBench&) = delete;
   DecodeBench& operator=(const DecodeBench&) = delete;
-  // splits/stages = 0: plan_decode() (table when given and matching, else fallback).
-  DecodeTiming time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table, int iters);
+  // splits/stages = 0: plan_decode() (the table when given and matching, else the built-in one, else the fallback),
+  // or plan_decode_fallback() when `fallback`.
+  DecodeTiming time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table, int iters,
+                           bool fallback = false);
   WriteTiming time_write(int num_tokens, int iters);
   double fill_ms() const { return fill_ms_; }
 

@@ -122,8 +122,13 @@ DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, con
       }
     }
   }
-  // Fallback: 3 stages (48 KB of tiles in flight per CTA, two CTAs per SM for <= 4 heads), fewer if shared
-  // memory is short; splits from the wave model.
+  return plan_decode_fallback(s, batch, max_context);
+}
+
+DecodePlan plan_decode_fallback(const DecodeShape& s, int batch, int64_t max_context) {
+  check_shape(s, batch, max_context);
+  // 3 stages (48 KB of tiles in flight per CTA, two CTAs per SM for <= 4 heads), fewer if shared memory is short;
+  // splits from the wave model.
   const int group = s.num_qo_heads / s.num_kv_heads;
   int stages = 3;
   while (stages > 2 && decode_smem_bytes(s.format, s.head_dim, group, stages) > device_smem_optin()) --stages;

@@ -82,7 +82,9 @@ int run_bench(const Opts& o) {
   const auto dev = kb::device_summary();
   const std::string run_id = make_run_id();
   std::unique_ptr<kvpack::TuningTable> table;
-  if (!o.table_path.empty()) table = std::make_unique<kvpack::TuningTable>(kvpack::TuningTable::load(o.table_path));
+  const bool fallback = o.table_path == "fallback";
+  if (!o.table_path.empty() && !fallback)
+    table = std::make_unique<kvpack::TuningTable>(kvpack::TuningTable::load(o.table_path));
   const double read_bw = kb::measure_read_bandwidth_tbs(size_t(o.probe_gb * 1e9), 20);
   fmt::print("gpu {} ({} SMs, L2 {} MB), streaming read {:.3f} TB/s, run {}\n", dev.name, dev.sms,
              dev.l2_bytes >> 20, read_bw, run_id);
@@ -114,7 +116,7 @@ int run_bench(const Opts& o) {
                  bench.fill_ms());
       for (int b : batches) {
         for (int64_t c : contexts) {
-          auto t = bench.time_decode(b, c, o.splits, o.stages, table.get(), o.iters);
+          auto t = bench.time_decode(b, c, o.splits, o.stages, table.get(), o.iters, fallback);
           auto row = base_row(f, sh);
           row.update({{"kind", "decode"}, {"batch", b}, {"context", c}, {"median_us", t.median_us},
                       {"min_us", t.min_us}, {"bandwidth_tbs", t.bandwidth_tbs}, {"bytes", t.bytes},
@@ -165,7 +167,9 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--iters", o->iters, "Timed samples per configuration (median reported)");
   app->add_option("--splits", o->splits, "Force num_splits (0 = plan)");
   app->add_option("--stages", o->stages, "Force pipeline stages (with --splits)");
-  app->add_option("--table", o->table_path, "Tuning table JSON from `kvpack tune`");
+  app->add_option("--table", o->table_path,
+                  "Tuning table JSON from `kvpack tune` (default: the running GPU's built-in table, if any); "
+                  "'fallback': the fallback plans");
   app->add_option("--json", o->json_path, "Write JSON rows here");
   app->add_option("--probe-gb", o->probe_gb, "Size of the read-bandwidth probe buffer (GB)");
   return [o] { return run_bench(*o); };
