@@ -74,8 +74,8 @@ int64_t kvpack_capi_page_bytes(const char* format, int num_kv_heads, int head_di
   });
 }
 
-// Host-side plan (plan_decode with the built-in fallback configuration, no tuning table). Returns an opaque handle
-// or null; free it with kvpack_capi_plan_free.
+// Host-side plan (plan_decode without a table: the running GPU's built-in tuning table, else the fallback).
+// Returns an opaque handle or null; free it with kvpack_capi_plan_free.
 void* kvpack_capi_plan_decode(const char* format, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
                               int batch, int64_t max_context) {
   CapiPlan* out = nullptr;
