@@ -1,7 +1,7 @@
 // gather_probe: what the GPU's load paths deliver for the decode kernel's access pattern (experiment tool, not part
 // of the library). A pool of "pages" read in a random page order, the way a paged KV cache is read, by
 //   bulk  : warps with their own ring of `depth` slots, each slot filled by one cp.async.bulk (TMA, 1-D) of `unit`
-//           bytes (plus, with --meta, a second 16-byte bulk copy from elsewhere, as the q formats' scale bytes are
+//           bytes (plus, in the "meta" rows, a second 16-byte bulk copy from elsewhere, as the q formats' scale bytes are
 //           on main), completing on the slot's mbarrier; the consumer waits, touches the slot and refills it
 //           (`batch` slots at a time: lanes 0..batch-1 issue one copy each in the same instruction);
 //   ldg   : warps loading `unit`-byte chunks with 16-byte loads, `depth` chunks in flight per warp;
@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "../../src/cuda/bulk_copy.cuh"
+
 #define CK(x)                                                                           \
   do {                                                                                  \
     cudaError_t e_ = (x);                                                               \
@@ -28,36 +30,18 @@
     }                                                                                   \
   } while (0)
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(smem_u32(bar)), "r"(parity)
-                 : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
+// The decode kernel's own bulk-copy primitives, so the probe issues exactly its copies.
+using kvpack::cuda_detail::bulk_copy;
+using kvpack::cuda_detail::mbar_arrive_expect_tx;
+using kvpack::cuda_detail::mbar_init;
+using kvpack::cuda_detail::mbar_wait;
 
 constexpr int kMaxDepth = 32;
 
 struct Args {
   const uint8_t* pool;
   const int32_t* perm;   // unit i lives at pool + perm[i] * unit
-  const uint8_t* meta;   // --meta: 16 bytes per unit at meta + perm[i] * 16
+  const uint8_t* meta;   // "meta" rows: 16 bytes per unit at meta + perm[i] * 16
   int64_t units;
   int unit, depth, batch, warps;
   uint32_t* sink;
@@ -70,16 +54,16 @@ __global__ void bulk_kernel(Args a) {
   const int64_t gw = int64_t{blockIdx.x} * a.warps + warp, nw = int64_t{gridDim.x} * a.warps;
   const int slot_bytes = a.unit + (a.meta ? 16 : 0);
   uint8_t* ring = smem + size_t(warp) * a.depth * slot_bytes;
-  if (lane < a.depth) mbar_init(&bar[warp][lane]);
+  if (lane < a.depth) mbar_init(&bar[warp][lane], 1);
   __syncwarp();
   int64_t next = gw;  // next unit to issue
   auto issue = [&](int s) {  // lane-parallel: the calling lane issues unit `next` into slot s
     const int64_t u = next;
     uint8_t* dst = ring + size_t(s) * slot_bytes;
     const uint32_t bytes = a.unit + (a.meta ? 16 : 0);
-    mbar_expect(&bar[warp][s], bytes);
-    bulk(dst, a.pool + int64_t{a.perm[u]} * a.unit, a.unit, &bar[warp][s]);
-    if (a.meta) bulk(dst + a.unit, a.meta + int64_t{a.perm[u]} * 16, 16, &bar[warp][s]);
+    mbar_arrive_expect_tx(&bar[warp][s], bytes);
+    bulk_copy(dst, a.pool + int64_t{a.perm[u]} * a.unit, a.unit, &bar[warp][s]);
+    if (a.meta) bulk_copy(dst + a.unit, a.meta + int64_t{a.perm[u]} * 16, 16, &bar[warp][s]);
   };
   // Prime the ring: lane s issues slot s.
   {
@@ -176,10 +160,14 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   uint8_t* pool;
+  // "meta" rows: 16 bytes per 1 KB unit (the only unit size run with them).
+  const size_t meta_bytes = pool_bytes / 1024 * 16;
   uint8_t* meta;
   uint32_t* sink;
   CK(cudaMalloc(&pool, pool_bytes));
   CK(cudaMemset(pool, 1, pool_bytes));
+  CK(cudaMalloc(&meta, meta_bytes));
+  CK(cudaMemset(meta, 2, meta_bytes));
   CK(cudaMalloc(&sink, 4));
   std::printf("%s, %d SMs\n", prop.name, sms);
   const float sms_ms = time_ms([&] { stream_kernel<<<sms * 4, 512>>>(reinterpret_cast<const uint4*>(pool), pool_bytes / 16, sink); });
@@ -196,15 +184,10 @@ int main(int argc, char** argv) {
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     if (perm_d) CK(cudaFree(perm_d));
-    if (!meta) {
-      CK(cudaMalloc(&meta, size_t(pool_bytes / 1024) * 16 + 4096));
-      CK(cudaMemset(meta, 2, size_t(pool_bytes / 1024) * 16 + 4096));
-    }
     CK(cudaMalloc(&perm_d, units * sizeof(int32_t)));
     CK(cudaMemcpy(perm_d, perm.data(), units * sizeof(int32_t), cudaMemcpyHostToDevice));
     cur_unit = unit;
   };
-  meta = nullptr;
   CK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   std::printf("%-6s %6s %5s %5s %5s %5s %4s %8s %8s %7s %9s\n", "mode", "unit", "meta", "depth", "batch", "warps", "cta",
               "KB/SM", "ms", "TB/s", "of stream");
