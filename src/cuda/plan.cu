@@ -78,6 +78,18 @@ DecodePlan make_plan(const DecodeShape& s, int batch, int64_t max_context, int s
   p.workspace_bytes = decode_workspace_bytes(s, batch, p.max_chunks);
   return p;
 }
+
+// The fallback configuration (shape already checked): 3 stages (48 KB of tiles in flight per CTA, two CTAs per SM
+// for <= 4 heads), fewer if shared memory is short; splits from the wave model.
+DecodePlan fallback_plan(const DecodeShape& s, int batch, int64_t max_context) {
+  const int group = s.num_qo_heads / s.num_kv_heads;
+  int stages = 3;
+  while (stages > 2 && decode_smem_bytes(s.format, s.head_dim, group, stages) > device_smem_optin()) --stages;
+  const int splits = model_splits(s, batch, max_context, stages);
+  DecodePlan p = make_plan(s, batch, max_context, splits, stages);
+  p.source = "fallback";
+  return p;
+}
 }  // namespace
 
 DecodePlan plan_decode_with(const DecodeShape& s, int batch, int64_t max_context, int num_splits, int stages) {
@@ -99,7 +111,8 @@ DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, con
   const auto usable = [](const TuningTable* t) {
     return t && t->gpu == device_info().name && t->version == library_version();
   };
-  if (!usable(table)) table = builtin_tuning_table(device_info().name);
+  const TuningTable* builtin = builtin_tuning_table(device_info().name);
+  if (!usable(table)) table = builtin;
   if (usable(table)) {
     const TuneEntry* best = nullptr;
     for (const auto& e : table->entries) {
@@ -117,25 +130,17 @@ DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, con
                                ? best->num_splits
                                : model_splits(s, batch, max_context, best->stages);
         DecodePlan p = make_plan(s, batch, max_context, splits, best->stages);
-        p.source = table == builtin_tuning_table(device_info().name) ? "built-in table" : "table";
+        p.source = table == builtin ? "built-in table" : "table";
         return p;
       }
     }
   }
-  return plan_decode_fallback(s, batch, max_context);
+  return fallback_plan(s, batch, max_context);
 }
 
 DecodePlan plan_decode_fallback(const DecodeShape& s, int batch, int64_t max_context) {
   check_shape(s, batch, max_context);
-  // 3 stages (48 KB of tiles in flight per CTA, two CTAs per SM for <= 4 heads), fewer if shared memory is short;
-  // splits from the wave model.
-  const int group = s.num_qo_heads / s.num_kv_heads;
-  int stages = 3;
-  while (stages > 2 && decode_smem_bytes(s.format, s.head_dim, group, stages) > device_smem_optin()) --stages;
-  const int splits = model_splits(s, batch, max_context, stages);
-  DecodePlan p = make_plan(s, batch, max_context, splits, stages);
-  p.source = "fallback";
-  return p;
+  return fallback_plan(s, batch, max_context);
 }
 
 }  // namespace kvpack
