@@ -3,7 +3,8 @@
 # the benchmark, optionally the tuner; logs and JSON go to $OUT (at most 8 files come back).
 #   bash bench/run_device.sh [STEPS]    STEPS: comma list of build,test,sanitize,bench,flashinfer,tune,sass
 #                                       (default build,test,sanitize,bench,flashinfer)
-# Env: BENCH_ARGS (extra `kvpack bench` options), TUNE_ARGS, GTEST_FILTER (for the test step), FI_ARGS (extra
+# Env: BENCH_ARGS (extra `kvpack bench` options), TUNE_ARGS, TABLE_FILE (bench's table when this call did not tune;
+# the tune step also leaves its table at build-device/tune.json for a later call on the same warm machine), GTEST_FILTER (for the test step), FI_ARGS (extra
 # bench/flashinfer/fi_bench.py options), FI_DIR (folder of the carried FlashInfer files, default .whl).
 # The flashinfer step (after bench) runs FlashInfer's fp8 decode (XQA and the tensor-core wrapper) on the grid of
 # $OUT/bench.json and writes its rows into that same file; it needs the files of bench/flashinfer/fetch_flashinfer.sh
@@ -53,12 +54,14 @@ if has tune; then
   stamp "tune"
   ./$B/kvpack tune ${TUNE_ARGS:-} -o "$OUT/tune.json" > "$OUT/tune.log" 2>&1
   stamp "tune rc=$?"; tail -5 "$OUT/tune.log"
+  cp "$OUT/tune.json" $B/tune.json 2>/dev/null || true   # a later call on the same warm machine: TABLE_FILE=$B/tune.json
 fi
 
 if has bench; then
   stamp "bench"
   TABLE=""
   [ -f "$OUT/tune.json" ] && TABLE="--table $OUT/tune.json"
+  [ -z "$TABLE" ] && [ -n "${TABLE_FILE:-}" ] && TABLE="--table $TABLE_FILE"
   ./$B/kvpack bench $TABLE ${BENCH_ARGS:-} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   stamp "bench rc=$?"; grep -vE "^(bf16|fp8|int4|int4h|q4|q3.5|q3) +write" "$OUT/bench.log" | tail -60
 fi
