@@ -13,6 +13,7 @@
 
 #include "kvpack/calibration.h"
 #include "kvpack/codec.h"
+#include "kvpack/error.h"
 #include "kvpack/llama.h"
 #include "kvpack/tokenizer.h"
 
@@ -89,4 +90,21 @@ TEST(CalibModel, ShortCalibrationRoundTripAndCodecsInTheRunner) {
   EXPECT_LT(kl[Format::fp8], 0.05);
   EXPECT_LT(kl[Format::q4], 0.5);
   EXPECT_LT(kl[Format::q3], 1.0);
+}
+
+TEST(CalibModel, TooShortCalibrationTextIsAClearErrorNotACrash) {
+  if (!std::ifstream(model_path()).good()) {
+    if (model_required()) FAIL() << "model not found: " << model_path();
+    GTEST_SKIP() << "model not found: " << model_path();
+  }
+  const LlamaModel model = LlamaModel::load(model_path());
+  // 40 tokens: 36 after the sinks, fewer than head_dim = 64 (until 2026-12-05 the fit threw inside a worker thread
+  // and the process aborted with "terminate called without an active exception").
+  std::vector<std::vector<int32_t>> windows{text_tokens(model, "calib.txt", 0, 40)};
+  try {
+    calibrate(model, windows, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use a longer calibration text"), std::string::npos) << e.what();
+  }
 }

@@ -4,15 +4,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <thread>
 
 #include "fit.h"
 #include "kvpack/calibration.h"
 #include "kvpack/error.h"
 #include "kvpack/llama.h"
+#include "kvpack/parallel.h"
 #include "kvpack/progress.h"
 
 namespace kvpack {
@@ -108,6 +106,12 @@ Calibration calibrate(const LlamaModel& model, const std::vector<std::vector<int
   }
   KVPACK_CHECK(max_len <= c.max_context, "calibrate: window of {} tokens exceeds the model's context {}", max_len,
                c.max_context);
+  // Each (layer, kv head) slot's fit needs more non-sink tokens than head_dim (a full-rank covariance).
+  const int64_t fit_tokens = total - static_cast<int64_t>(windows.size()) * sinks;
+  KVPACK_CHECK(fit_tokens > c.head_dim,
+               "calibrate: {} token(s) after the first {} (sink) token(s) of each window; the fit needs more than "
+               "head_dim = {} (use a longer calibration text: the default windows are 2 x 8192 tokens)",
+               fit_tokens, sinks, c.head_dim);
 
   StatsObserver obs(c, sinks);
   auto bf16 = make_bf16_codec();
@@ -160,26 +164,17 @@ Calibration calibrate(const LlamaModel& model, const std::vector<std::vector<int
   for (int i = 0; i < 3; ++i) tables[i] = &cal.q_mut(qformats[i]);
   const int slots = L * H * 2;
   const int jobs = slots * 3;
-  std::atomic<int> next{0}, done{0};
   Progress bar("calibrate: fit", jobs, progress);
-  auto worker = [&] {
-    for (int j; (j = next++) < jobs;) {
-      calib::fit_q_slot(stats[j % slots], *tables[j / slots], j % slots);
-      ++done;
+  // Slots are independent; an error names the slot (the lowest failing job, whatever the thread timing).
+  parallel_items(jobs, std::min(4, hardware_threads()), [&](int64_t j) {
+    const int slot = static_cast<int>(j % slots), l = slot / 2 / H, h = slot / 2 % H;
+    try {
+      calib::fit_q_slot(stats[slot], *tables[j / slots], slot);
+    } catch (const std::exception& e) {
+      fail("calibrate: {}, layer {}, kv head {}, {}: {}", format_name(qformats[j / slots]), l, h,
+           slot % 2 ? "V" : "K", e.what());
     }
-  };
-  const unsigned nt = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (unsigned i = 1; i < nt; ++i) pool.emplace_back(worker);
-  std::thread watcher([&] {
-    while (done < jobs) {
-      bar.update(done);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  });
-  worker();
-  for (auto& t : pool) t.join();
-  watcher.join();
+  }, [&](int64_t done) { bar.update(done); });
   bar.finish();
   for (QFormatTables* t : tables) t->derive();
   cal.info()["tokens"] = std::to_string(total);

@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <thread>
 
 #include "kvpack/error.h"
+#include "kvpack/parallel.h"
 
 namespace kvpack {
 namespace {
@@ -505,19 +505,16 @@ void GgufFile::dequantize_rows(const GgufTensorInfo& t, int64_t row0, int64_t n_
   const uint8_t* src = t.data + static_cast<uint64_t>(row0) * row_bytes;
   // Split rows over threads only when there is enough work to pay for starting them.
   const int64_t work = n_rows * len;
-  const int64_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const int64_t n_threads = std::min<int64_t>({hw, 16, std::max<int64_t>(1, work / (1 << 20)), n_rows});
+  const int64_t n_threads =
+      std::min<int64_t>({hardware_threads(), 16, std::max<int64_t>(1, work / (1 << 20)), n_rows});
   auto run = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       dequantize_row(t.type, src + static_cast<uint64_t>(r) * row_bytes, out + r * len, len);
   };
   if (n_threads <= 1) return run(0, n_rows);
-  std::vector<std::thread> threads;
   const int64_t per = (n_rows + n_threads - 1) / n_threads;
-  for (int64_t i = 1; i < n_threads; ++i)
-    threads.emplace_back(run, std::min(n_rows, i * per), std::min(n_rows, (i + 1) * per));
-  run(0, std::min(n_rows, per));
-  for (auto& th : threads) th.join();
+  parallel_items(n_threads, static_cast<int>(n_threads),
+                 [&](int64_t i) { run(std::min(n_rows, i * per), std::min(n_rows, (i + 1) * per)); });
 }
 
 // ---- model config

@@ -1,5 +1,6 @@
 // CPU reference Llama forward pass: fp32 activations, OpenBLAS sgemm for every matrix product (projections, QK^T,
-// PV, logits), std::thread for the element-wise work OpenBLAS does not parallelize (softmax, RoPE, SwiGLU).
+// PV, logits), parallel_items (kvpack/parallel.h) for the element-wise work OpenBLAS does not parallelize
+// (softmax, RoPE, SwiGLU).
 #include <cblas.h>
 
 #include <algorithm>
@@ -10,33 +11,25 @@
 
 #include "kvpack/error.h"
 #include "kvpack/llama.h"
+#include "kvpack/parallel.h"
 
 namespace kvpack {
 namespace {
 
-int worker_count() {
-  static const int n = std::max(1u, std::thread::hardware_concurrency());
-  return n;
-}
-
-// Runs fn(begin, end) over [0, n) split across worker_count() threads; inline when the work is small, because a
-// thread start (~20 us) costs more than a few thousand multiply-adds.
+// Runs fn(begin, end) over [0, n) split into hardware_threads() ranges (parallel_items); inline when the work is
+// small, because a thread start (~20 us) costs more than a few thousand multiply-adds.
 template <typename Fn>
 void parallel_for(int64_t n, int64_t cost_per_item, Fn fn) {
-  const int workers = static_cast<int>(std::min<int64_t>(worker_count(), n));
+  const int workers = static_cast<int>(std::min<int64_t>(hardware_threads(), n));
   if (workers <= 1 || n * cost_per_item < 200000) {
     fn(int64_t{0}, n);
     return;
   }
-  std::vector<std::thread> threads;
-  threads.reserve(workers - 1);
   const int64_t per = (n + workers - 1) / workers;
-  for (int w = 1; w < workers; ++w) {
+  parallel_items(workers, workers, [&](int64_t w) {
     const int64_t b = w * per, e = std::min(n, b + per);
-    if (b < e) threads.emplace_back([=] { fn(b, e); });
-  }
-  fn(int64_t{0}, std::min(n, per));
-  for (auto& t : threads) t.join();
+    if (b < e) fn(b, e);
+  });
 }
 
 // y[n, out] = x[n, in] * W[out, in]^T (+ beta * y)

@@ -2,11 +2,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "kvpack/error.h"
 #include "kvpack/llama.h"
+#include "kvpack/parallel.h"
 #include "kvpack/progress.h"
 #include "kvpack/text_eval.h"
 
@@ -55,14 +55,11 @@ TextScore score_text(const LlamaModel& model, std::span<const int32_t> tokens, c
       if (m <= 0) return;
       nll.assign(m, 0.0);
       // The log-sum-exp over 49k logits is ~10% of a chunk's work; split it over the cores.
-      const int workers = std::max(1, std::min<int>(m, std::thread::hardware_concurrency()));
-      std::vector<std::thread> th;
-      for (int w = 0; w < workers; ++w)
-        th.emplace_back([&, w] {
-          for (int i = w; i < m; i += workers)
-            nll[i] = token_nll(logits + static_cast<int64_t>(i) * vocab, vocab, win[first + i + 1]);
-        });
-      for (auto& t : th) t.join();
+      const int workers = std::max(1, std::min(m, hardware_threads()));
+      parallel_items(workers, workers, [&](int64_t w) {
+        for (int i = static_cast<int>(w); i < m; i += workers)
+          nll[i] = token_nll(logits + static_cast<int64_t>(i) * vocab, vocab, win[first + i + 1]);
+      });
       for (int i = 0; i < m; ++i) {
         nll_sum += nll[i];
         if (cb) {
