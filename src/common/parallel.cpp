@@ -10,7 +10,10 @@
 
 namespace kvpack {
 
-int hardware_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+int hardware_threads() {
+  static const int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return n;
+}
 
 void parallel_items(int64_t n, int threads, const std::function<void(int64_t)>& fn,
                     const std::function<void(int64_t)>& after_item) {
