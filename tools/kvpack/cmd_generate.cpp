@@ -83,9 +83,9 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--prompt", o->prompt, "Prompt text")->required();
   app->add_flag("--chat", o->chat, "Wrap the prompt as a user message in the model's chat template");
   app->add_option("--system", o->system, "System message (with --chat)");
-  app->add_option("--max-new-tokens", o->max_new, "Tokens to generate at most")->check(CLI::PositiveNumber);
+  app->add_option("--max-new-tokens", o->max_new, "Tokens to generate at most")->check(kvpack::cli::at_least(1));
   app->add_option("--context", o->context, "KV cache size (default: prompt + max-new-tokens)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kvpack::cli::at_least(0));
   app->add_option("--kv", o->kv, "KV cache precision: bf16 (default) or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   app->add_flag("--json", o->json, "Print JSON at the end instead of streaming");
   return [o] { return run(*o); };

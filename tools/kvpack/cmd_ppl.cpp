@@ -96,10 +96,10 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--model", o->model, "Model: .gguf file or HF directory (needs a GGUF tokenizer)")->required();
   app->add_option("--text", o->text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   app->add_option("--window", o->window, "Tokens per window incl. BOS (default: model context, at most 8192)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--max-tokens", o->max_tokens, "Score only the first N text tokens")->check(CLI::NonNegativeNumber);
+      ->check(kvpack::cli::at_least(0));
+  app->add_option("--max-tokens", o->max_tokens, "Score only the first N text tokens")->check(kvpack::cli::at_least(0));
   app->add_option("--kv", o->kv, "KV cache precision: bf16 (default) or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
-  app->add_option("--chunk", o->chunk, "Prefill chunk in tokens (memory vs. speed)")->check(CLI::PositiveNumber);
+  app->add_option("--chunk", o->chunk, "Prefill chunk in tokens (memory vs. speed)")->check(kvpack::cli::at_least(1));
   app->add_flag("--json", o->json, "Print JSON");
   app->add_flag("--quiet", o->quiet, "No progress bar");
   return [o] { return run(*o); };

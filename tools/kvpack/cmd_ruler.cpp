@@ -140,7 +140,7 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--calib", o->calib, "Calibration file FILE.kvcal (needed by fp8 and the q formats)");
   app->add_option("--formats", o->formats, "Comma list of formats, or 'all' (bf16 always runs: it is the reference)");
   app->add_option("--lengths", o->lengths, "Prompt lengths in tokens, comma list");
-  app->add_option("--samples", o->samples, "Samples per (task, length)")->check(CLI::PositiveNumber);
+  app->add_option("--samples", o->samples, "Samples per (task, length)")->check(kvpack::cli::at_least(1));
   app->add_option("--seed", o->seed, "Generator seed");
   app->add_option("--tasks", o->tasks, "Comma list of tasks, or 'all'");
   app->add_option("--haystack", o->haystacks, "Held-out text(s) the haystacks are cut from");

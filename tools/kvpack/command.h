@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <limits>
 #include <string>
 
 namespace kvpack::cli {
@@ -14,5 +15,9 @@ using Runner = std::function<int()>;
 using Setup = std::function<Runner(CLI::App*)>;
 
 bool register_command(std::string name, std::string help, Setup setup);
+
+// Lower bound for an integer option. CLI::PositiveNumber / NonNegativeNumber report a rejected 0 as "Value 0 not in
+// range 0.000000 to 1797693134862315708...(309 digits)"; this reports "Value 0 not in range 1 to 2147483647".
+inline CLI::Range at_least(int lo) { return CLI::Range(lo, std::numeric_limits<int>::max()); }
 
 }  // namespace kvpack::cli

@@ -1,0 +1,27 @@
+// Integer options that must be positive (or non-negative) reject bad values with a readable range, before any work
+// (CLI::PositiveNumber printed "Value 0 not in range 0.000000 to" a 309-digit number).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cli_run.h"
+
+using kvpack::test::run_cli;
+
+TEST(CliOptions, IntegerBoundsAreReadable) {
+  const std::string text = std::string(KVPACK_SOURCE_DIR) + "/README.md";  // --text must exist (checked first)
+  const std::vector<std::string> cases = {
+      "eval --model m.gguf --text t.txt --formats q4 --max-positions 0",
+      "ruler --model m.gguf --samples 0",
+      "ppl --model m.gguf --text " + text + " --chunk 0",
+      "ppl --model m.gguf --text " + text + " --window -1",
+      "generate --model m.gguf --prompt hi --max-new-tokens 0",
+  };
+  for (const std::string& args : cases) {
+    const auto r = run_cli(args, true);
+    EXPECT_NE(r.rc, 0) << args;
+    EXPECT_NE(r.out.find(" to 2147483647"), std::string::npos) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("0.000000"), std::string::npos) << args << "\n" << r.out;
+  }
+}
