@@ -25,3 +25,13 @@ TEST(CliOptions, IntegerBoundsAreReadable) {
     EXPECT_EQ(r.out.find("0.000000"), std::string::npos) << args << "\n" << r.out;
   }
 }
+
+TEST(CliOptions, GpuCommandsInACpuBuildSayWhatTheyNeed) {
+  if (run_cli("--help").out.find("(CUDA builds only)") == std::string::npos)
+    GTEST_SKIP() << "a CUDA build: bench and tune are the real commands";
+  for (const std::string cmd : {"bench --formats q4 --batch 8", "tune -o t.json"}) {
+    const auto r = run_cli(cmd, true);
+    EXPECT_EQ(r.rc, 2) << cmd;
+    EXPECT_NE(r.out.find("built without CUDA"), std::string::npos) << cmd << "\n" << r.out;
+  }
+}
