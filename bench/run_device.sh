@@ -4,8 +4,9 @@
 #   bash bench/run_device.sh [STEPS]    STEPS: comma list of build,test,sanitize,bench,flashinfer,tune,sass
 #                                       (default build,test,sanitize,bench,flashinfer)
 # Env: BENCH_ARGS (extra `kvpack bench` options), TUNE_ARGS, TABLE_FILE (bench's table when this call did not tune;
-# the tune step also leaves its table at build-device/tune.json for a later call on the same warm machine), GTEST_FILTER (for the test step), FI_ARGS (extra
-# bench/flashinfer/fi_bench.py options), FI_DIR (folder of the carried FlashInfer files, default .whl).
+# the tune step also leaves its table at build-device/tune.json for a later call on the same warm machine),
+# GTEST_FILTER (for the test step), FI_ARGS (extra bench/flashinfer/fi_bench.py options), FI_DIR (folder of the
+# carried FlashInfer files, default .whl).
 # The flashinfer step (after bench) runs FlashInfer's fp8 decode (XQA and the tensor-core wrapper) on the grid of
 # $OUT/bench.json and writes its rows into that same file; it needs the files of bench/flashinfer/fetch_flashinfer.sh
 # carried in FI_DIR (or flashinfer importable), else it says so and skips.

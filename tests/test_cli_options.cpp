@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_run.h"
@@ -11,17 +12,19 @@ using kvpack::test::run_cli;
 
 TEST(CliOptions, IntegerBoundsAreReadable) {
   const std::string text = std::string(KVPACK_SOURCE_DIR) + "/README.md";  // --text must exist (checked first)
-  const std::vector<std::string> cases = {
-      "eval --model m.gguf --text t.txt --formats q4 --max-positions 0",
-      "ruler --model m.gguf --samples 0",
-      "ppl --model m.gguf --text " + text + " --chunk 0",
-      "ppl --model m.gguf --text " + text + " --window -1",
-      "generate --model m.gguf --prompt hi --max-new-tokens 0",
+  const std::string int_max = " to 2147483647", int64_max = " to 9223372036854775807";  // the option's own type
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"eval --model m.gguf --text t.txt --formats q4 --max-positions 0", int64_max},
+      {"ruler --model m.gguf --samples 0", int_max},
+      {"ppl --model m.gguf --text " + text + " --chunk 0", int_max},
+      {"ppl --model m.gguf --text " + text + " --window -1", int_max},
+      {"ppl --model m.gguf --text " + text + " --max-tokens -1", int64_max},
+      {"generate --model m.gguf --prompt hi --max-new-tokens 0", int_max},
   };
-  for (const std::string& args : cases) {
+  for (const auto& [args, bound] : cases) {
     const auto r = run_cli(args, true);
     EXPECT_NE(r.rc, 0) << args;
-    EXPECT_NE(r.out.find(" to 2147483647"), std::string::npos) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(bound), std::string::npos) << args << "\n" << r.out;
     EXPECT_EQ(r.out.find("0.000000"), std::string::npos) << args << "\n" << r.out;
   }
 }

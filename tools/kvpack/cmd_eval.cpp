@@ -123,7 +123,8 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--text", o->texts, "Held-out text file(s); several allowed (reported per text and pooled)")
       ->required();
   app->add_option("--formats", o->formats, "Comma list of formats, or 'all' (bf16 is always the reference row)");
-  app->add_option("--max-positions", o->max_positions, "Positions scored per text")->check(kvpack::cli::at_least(1));
+  app->add_option("--max-positions", o->max_positions, "Positions scored per text")
+      ->check(kvpack::cli::at_least<int64_t>(1));
   app->add_option("--window", o->window, "Tokens per window (default: the model's context, at most 8192)");
   o->json_opt = app->add_option("--json", o->json_path, "Write JSON to FILE (or stdout when no FILE is given)")
                     ->expected(0, 1);

@@ -97,7 +97,8 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--text", o->text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   app->add_option("--window", o->window, "Tokens per window incl. BOS (default: model context, at most 8192)")
       ->check(kvpack::cli::at_least(0));
-  app->add_option("--max-tokens", o->max_tokens, "Score only the first N text tokens")->check(kvpack::cli::at_least(0));
+  app->add_option("--max-tokens", o->max_tokens, "Score only the first N text tokens")
+      ->check(kvpack::cli::at_least<int64_t>(0));
   app->add_option("--kv", o->kv, "KV cache precision: bf16 (default) or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   app->add_option("--chunk", o->chunk, "Prefill chunk in tokens (memory vs. speed)")->check(kvpack::cli::at_least(1));
   app->add_flag("--json", o->json, "Print JSON");

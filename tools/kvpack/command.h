@@ -16,8 +16,12 @@ using Setup = std::function<Runner(CLI::App*)>;
 
 bool register_command(std::string name, std::string help, Setup setup);
 
-// Lower bound for an integer option. CLI::PositiveNumber / NonNegativeNumber report a rejected 0 as "Value 0 not in
-// range 0.000000 to 1797693134862315708...(309 digits)"; this reports "Value 0 not in range 1 to 2147483647".
-inline CLI::Range at_least(int lo) { return CLI::Range(lo, std::numeric_limits<int>::max()); }
+// Lower bound for an integer option of type T (the upper bound is T's largest value, so no valid value is refused).
+// CLI::PositiveNumber / NonNegativeNumber report a rejected 0 as "Value 0 not in range 0.000000 to 1797693134862315708
+// ...(309 digits)"; this reports "Value 0 not in range 1 to 2147483647" (T = int).
+template <class T = int>
+CLI::Range at_least(T lo) {
+  return CLI::Range(lo, std::numeric_limits<T>::max());
+}
 
 }  // namespace kvpack::cli
