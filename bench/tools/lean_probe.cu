@@ -126,14 +126,9 @@ __device__ __forceinline__ uint32_t movtrans(uint32_t x) {
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
 }
-__device__ __forceinline__ uint32_t e4m3x2(uint32_t two) {
-  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  return uint32_t(hr.x) | (uint32_t(hr.y) << 16);
-}
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
+// The product's e4m3 pair -> f16x2 and f32 pair -> f16x2 conversions (src/cuda/format_policy.cuh).
+__device__ __forceinline__ uint32_t e4m3x2(uint32_t two) { return kvpack::cuda_detail::Fp8Policy::e4m3x2_to_f16x2(two); }
+using kvpack::cuda_detail::f32x2_to_f16x2;
 __device__ __forceinline__ float ex2(float x) {  // MUFU.EX2 (-inf -> 0)
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -389,7 +384,7 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
       const float p2 = ex2(sc[uu][2] - base0), p3 = ex2(sc[uu][3] - base1);
       l0 += p0 + p2;
       l1 += p1 + p3;
-      const uint32_t c01 = pack_half2(p0 * tv[uu][0], p1 * tv[uu][0]), c23 = pack_half2(p2 * tv[uu][1], p3 * tv[uu][1]);
+      const uint32_t c01 = f32x2_to_f16x2(p0 * tv[uu][0], p1 * tv[uu][0]), c23 = f32x2_to_f16x2(p2 * tv[uu][1], p3 * tv[uu][1]);
       if constexpr (F == kQ4) {
         const float2 f01 = __half22float2(*reinterpret_cast<const __half2*>(&c01));
         const float2 f23 = __half22float2(*reinterpret_cast<const __half2*>(&c23));
