@@ -55,10 +55,9 @@ TextScore score_text(const LlamaModel& model, std::span<const int32_t> tokens, c
       if (m <= 0) return;
       nll.assign(m, 0.0);
       // The log-sum-exp over 49k logits is ~10% of a chunk's work; split it over the cores.
-      const int workers = std::max(1, std::min(m, hardware_threads()));
-      parallel_items(workers, workers, [&](int64_t w) {
-        for (int i = static_cast<int>(w); i < m; i += workers)
-          nll[i] = token_nll(logits + static_cast<int64_t>(i) * vocab, vocab, win[first + i + 1]);
+      // (parallel_items deals the rows round-robin, one per item, clamped to m threads.)
+      parallel_items(m, hardware_threads(), [&](int64_t i) {
+        nll[i] = token_nll(logits + i * vocab, vocab, win[first + i + 1]);
       });
       for (int i = 0; i < m; ++i) {
         nll_sum += nll[i];
