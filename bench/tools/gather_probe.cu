@@ -22,7 +22,6 @@
 #include "../../src/cuda/bulk_copy.cuh"
 #include "probe_util.cuh"
 
-
 // The decode kernel's own bulk-copy primitives, so the probe issues exactly its copies.
 using kvpack::cuda_detail::bulk_copy;
 using kvpack::cuda_detail::mbar_arrive_expect_tx;
