@@ -54,35 +54,59 @@ enum Fmt { kFp8 = 0, kQ4 = 1 };
 struct GroupLayout {
   int w, word, pos;
 };
+// LEAN_EXACT = 1 (default): exactly 4.0 bits per element. K codes use 62 bits per member pair (16 groups, widths
+// 8,6,5,5,4x5,3x5,2,1); the 2 spare bits of each 16-bit half in word 3 ([14,16)) hold, over the 4 lanes of a quad
+// (lane q: bits 4q..4q+3 of the 16-bit value K scale byte | V scale byte << 8), both scale bytes of the token. V
+// codes use 64 bits (widths 8,6,5,5,4x6,3x4,2,2). LEAN_EXACT = 0: both K and V use the 64-bit pattern and the scale
+// bytes sit in a separate 128-byte block per (page, kv head) (4.06 bits).
+#ifndef LEAN_EXACT
+#define LEAN_EXACT 1
+#endif
+template <bool V>
 __host__ __device__ constexpr GroupLayout q4g(int i) {
-  constexpr GroupLayout t[16] = {
+  constexpr GroupLayout t64[16] = {
       {8, 0, 0},  {6, 0, 8},  {5, 1, 0},  {5, 1, 5},  {4, 2, 0},  {4, 2, 4},  {4, 2, 8},  {4, 2, 12},
       {4, 3, 0},  {4, 3, 4},  {3, 1, 10}, {3, 1, 13}, {3, 3, 8},  {3, 3, 11}, {2, 0, 14}, {2, 3, 14}};
-  return t[i];
+  constexpr GroupLayout t62[16] = {
+      {8, 0, 0},  {6, 0, 8},  {5, 1, 0},  {5, 1, 5},  {4, 2, 0},  {4, 2, 4},  {4, 2, 8},  {4, 2, 12},
+      {4, 3, 0},  {3, 3, 4},  {3, 1, 10}, {3, 1, 13}, {3, 3, 7},  {3, 3, 10}, {2, 0, 14}, {1, 3, 13}};
+  return (V || !LEAN_EXACT) ? t64[i] : t62[i];
 }
-__host__ __device__ constexpr bool shifted(int i) { return q4g(i).pos + q4g(i).w > 10; }
-__host__ __device__ constexpr int pos_after(int i) { return q4g(i).pos - (shifted(i) ? 6 : 0); }
+template <bool V>
+__host__ __device__ constexpr bool shifted(int i) { return q4g<V>(i).pos + q4g<V>(i).w > 10; }
+template <bool V>
+__host__ __device__ constexpr int pos_after(int i) { return q4g<V>(i).pos - (shifted<V>(i) ? 6 : 0); }
+template <bool V>
 __host__ __device__ constexpr uint32_t half_mask(int i) {
-  return ((1u << q4g(i).w) - 1u) << pos_after(i);
+  return ((1u << q4g<V>(i).w) - 1u) << pos_after<V>(i);
 }
-__host__ __device__ constexpr uint32_t pair_mask(int i) { return half_mask(i) | (half_mask(i) << 16); }
-static_assert([] {
+template <bool V>
+__host__ __device__ constexpr uint32_t pair_mask(int i) { return half_mask<V>(i) | (half_mask<V>(i) << 16); }
+template <bool V>
+constexpr bool layout_ok() {
   int bits[4] = {0, 0, 0, 0}, sum = 0;
-  for (int i = 0; i < 16; ++i) { bits[q4g(i).word] += q4g(i).w; sum += q4g(i).w; }
+  uint32_t used[4] = {0, 0, 0, 0};
   for (int i = 0; i < 16; ++i) {
-    const auto& g = q4g(i);
+    const auto g = q4g<V>(i);
     if (g.pos + g.w > 16) return false;
     if (g.pos + g.w > 10 && g.pos < 6) return false;
+    const uint32_t m = ((1u << g.w) - 1u) << g.pos;
+    if (used[g.word] & m) return false;
+    used[g.word] |= m;
+    bits[g.word] += g.w;
+    sum += g.w;
   }
-  return sum == 64 && bits[0] <= 16 && bits[1] <= 16 && bits[2] <= 16 && bits[3] <= 16;
-}(), "q4 pattern layout");
+  if (!V && LEAN_EXACT && (used[3] & 0xc000u)) return false;  // the spare bits
+  return sum == ((V || !LEAN_EXACT) ? 64 : 62);
+}
+static_assert(layout_ok<false>() && layout_ok<true>(), "q4 pattern layout");
 
 // Bytes per lane per unit, per unit, per (page, kv head).
 __host__ __device__ constexpr int lane_k_bytes(int f) { return f == kQ4 ? 32 : 64; }
 __host__ __device__ constexpr int lane_v_bytes(int f) { return f == kQ4 ? 32 : 64; }
 __host__ __device__ constexpr int unit_k_bytes(int f) { return 32 * lane_k_bytes(f); }
 __host__ __device__ constexpr int unit_v_bytes(int f) { return 32 * lane_v_bytes(f); }
-__host__ __device__ constexpr int meta_bytes(int f) { return f == kQ4 ? 128 : 0; }  // [g][K 8 B][V 8 B]
+__host__ __device__ constexpr int meta_bytes(int f) { return f == kQ4 && !LEAN_EXACT ? 128 : 0; }  // [g][K 8 B][V 8 B]
 __host__ __device__ constexpr int page_bytes(int f) { return UPP * (unit_k_bytes(f) + unit_v_bytes(f)) + meta_bytes(f); }
 
 struct Params {
@@ -135,18 +159,18 @@ __device__ __forceinline__ void cp_wait() {
 }
 // magic = 0x6400'6400 passed at run time (Params::magic): with both the mask and the magic as immediates ptxas
 // needs two LOP3s (one immediate per instruction); with the magic in a register it is one.
-template <int I>
+template <bool V, int I>
 __device__ __forceinline__ uint32_t q4_pair(const uint32_t (&w)[4], const uint32_t (&ws)[4], uint32_t magic) {
-  constexpr GroupLayout g = q4g(I);
-  const uint32_t src = shifted(I) ? ws[g.word] : w[g.word];
-  return (src & pair_mask(I)) | magic;  // one lop3
+  constexpr GroupLayout g = q4g<V>(I);
+  const uint32_t src = shifted<V>(I) ? ws[g.word] : w[g.word];
+  return (src & pair_mask<V>(I)) | magic;  // one lop3
 }
 
 // Lanes' private ring: [stage][piece][lane][16 B]; pieces per step = SU units x (K + V pieces) (+1 meta for q4).
 template <int F, int SU>
 struct Ring {
   static constexpr int kKp = lane_k_bytes(F) / 16, kVp = lane_v_bytes(F) / 16;
-  static constexpr int kPieces = SU * (kKp + kVp) + (F == kQ4 ? 1 : 0);
+  static constexpr int kPieces = SU * (kKp + kVp) + (F == kQ4 && !LEAN_EXACT ? 1 : 0);
   static constexpr int kStageBytes = kPieces * 32 * 16;  // per warp
 };
 
@@ -173,7 +197,10 @@ __device__ __forceinline__ void cta_merge(const Params& p, const float* cm, cons
   }
 }
 
-template <int F, int G, int SU, int NST, int WARPS>
+// FOLD: the determinism-preserving form (NOTES v31): every 64-token page is a leaf with its own softmax (its own
+// max), folded into the span's accumulator pairwise in order (acc = merge(acc, leaf)), so a span's result is the
+// same left fold whichever warp / CTA arrangement computes it. Without FOLD: one running online softmax.
+template <int F, int G, int SU, int NST, int WARPS, bool FOLD>
 __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
   using R = Ring<F, SU>;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -218,7 +245,7 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
 #pragma unroll
         for (int k = 0; k < R::kVp; ++k) cp16(st + ((SU * R::kKp + uu * R::kVp + k) * 32) * 16, vb + 512 * k);
       }
-      if constexpr (F == kQ4) cp16(st + ((R::kPieces - 1) * 32) * 16, base + UPP * (unit_k_bytes(F) + unit_v_bytes(F)) + g * 16);
+      if constexpr (F == kQ4 && !LEAN_EXACT) cp16(st + ((R::kPieces - 1) * 32) * 16, base + UPP * (unit_k_bytes(F) + unit_v_bytes(F)) + g * 16);
     }
     cp_commit();
   };
@@ -244,6 +271,32 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, L0 = 0.f, L1 = 0.f;
+  // FOLD: the span accumulator (the variables above are then the current leaf's).
+  float co[FOLD ? 8 : 1][4];
+  float cm0 = -INFINITY, cm1 = -INFINITY, cl0 = 0.f, cl1 = 0.f, cL0 = 0.f, cL1 = 0.f;
+  if constexpr (FOLD) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) co[i][0] = co[i][1] = co[i][2] = co[i][3] = 0.f;
+  }
+  constexpr int kStepsPerLeaf = PAGE / (SU * UNIT);
+  auto fold = [&]() {
+    const float n0 = fmaxf(cm0, m0), n1 = fmaxf(cm1, m1);
+    const float b0 = n0 == -INFINITY ? 0.f : n0, b1 = n1 == -INFINITY ? 0.f : n1;
+    const float a0 = ex2(cm0 - b0), a1 = ex2(cm1 - b1), e0 = ex2(m0 - b0), e1 = ex2(m1 - b1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      co[i][0] = fmaf(co[i][0], a0, o[i][0] * e0);
+      co[i][1] = fmaf(co[i][1], a1, o[i][1] * e1);
+      co[i][2] = fmaf(co[i][2], a0, o[i][2] * e0);
+      co[i][3] = fmaf(co[i][3], a1, o[i][3] * e1);
+      o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    }
+    cl0 = fmaf(cl0, a0, l0 * e0); cl1 = fmaf(cl1, a1, l1 * e1);
+    cL0 = fmaf(cL0, a0, L0 * e0); cL1 = fmaf(cL1, a1, L1 * e1);
+    cm0 = n0; cm1 = n1;
+    m0 = m1 = -INFINITY;
+    l0 = l1 = L0 = L1 = 0.f;
+  };
 
   for (int s = 0; s < nsteps; ++s) {
     issue(s + NST - 1);
@@ -251,7 +304,7 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
     const uint32_t st = ring + (s % NST) * R::kStageBytes;
     const int ts = t0 + s * kStepTok;
     uint32_t meta[4] = {0, 0, 0, 0};
-    if constexpr (F == kQ4) {
+    if constexpr (F == kQ4 && !LEAN_EXACT) {
       asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                    : "=r"(meta[0]), "=r"(meta[1]), "=r"(meta[2]), "=r"(meta[3])
                    : "r"(st + ((R::kPieces - 1) * 32) * 16));
@@ -274,13 +327,27 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
         const uint32_t s0[4] = {kw[0] >> 6, kw[1] >> 6, kw[2] >> 6, kw[3] >> 6};
         const uint32_t s1[4] = {kw[4] >> 6, kw[5] >> 6, kw[6] >> 6, kw[7] >> 6};
 #define KB(kb)                                                                                          \
-  mma16816(c, q4_pair<2 * kb>(w0, s0, magic), q4_pair<2 * kb>(w1, s1, magic), q4_pair<2 * kb + 1>(w0, s0, magic),           \
-           q4_pair<2 * kb + 1>(w1, s1, magic), qb[kb][0], qb[kb][1]);
+  mma16816(c, q4_pair<false, 2 * kb>(w0, s0, magic), q4_pair<false, 2 * kb>(w1, s1, magic), q4_pair<false, 2 * kb + 1>(w0, s0, magic),           \
+           q4_pair<false, 2 * kb + 1>(w1, s1, magic), qb[kb][0], qb[kb][1]);
         KB(0) KB(1) KB(2) KB(3) KB(4) KB(5) KB(6) KB(7)
 #undef KB
         // tau bytes: token g + 8j of unit (u0 + uu): byte (u * 2 + j) of the lane's K (meta[0..1]) / V (meta[2..3]).
         const int u = SU == UPP ? uu : u0 + uu;
-        const uint32_t kbytes = meta[u / 2] >> (16 * (u % 2)), vbytes = meta[2 + u / 2] >> (16 * (u % 2));
+        uint32_t kbytes, vbytes;
+        if constexpr (LEAN_EXACT) {
+          // spare bits [14,16) of both halves of word 3, tokens g (lo 16 bits of x) and g + 8 (hi 16 bits), lane q's
+          // nibble at bits 4q..4q+3; two quad shuffles OR the four nibbles into K byte | V byte << 8 per token.
+          const uint32_t n0 = ((kw[3] >> 14) & 3u) | ((kw[3] >> 28) & 0xcu);
+          const uint32_t n1 = ((kw[7] >> 14) & 3u) | ((kw[7] >> 28) & 0xcu);
+          uint32_t x = (n0 | (n1 << 16)) << (4 * q);
+          x |= __shfl_xor_sync(0xffffffffu, x, 1);
+          x |= __shfl_xor_sync(0xffffffffu, x, 2);
+          kbytes = (x & 0xffu) | ((x >> 8) & 0xff00u);          // byte 0: token g, byte 1: token g + 8
+          vbytes = ((x >> 8) & 0xffu) | ((x >> 16) & 0xff00u);
+        } else {
+          kbytes = meta[u / 2] >> (16 * (u % 2));
+          vbytes = meta[2 + u / 2] >> (16 * (u % 2));
+        }
         const float tk0 = ex2(float(int(kbytes & 0xffu) - 128) * 0.015625f);
         const float tk1 = ex2(float(int((kbytes >> 8) & 0xffu) - 128) * 0.015625f);
         tv[uu][0] = ex2(float(int(vbytes & 0xffu) - 128) * 0.015625f);
@@ -352,8 +419,8 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
         const uint32_t sa[4] = {vw[0] >> 6, vw[1] >> 6, vw[2] >> 6, vw[3] >> 6};
         const uint32_t sb[4] = {vw[4] >> 6, vw[5] >> 6, vw[6] >> 6, vw[7] >> 6};
 #define MB(mb)                                                                                            \
-  mma16816(o[mb], q4_pair<2 * mb>(wa, sa, magic), q4_pair<2 * mb + 1>(wa, sa, magic), q4_pair<2 * mb>(wb, sb, magic),         \
-           q4_pair<2 * mb + 1>(wb, sb, magic), b0, b1);
+  mma16816(o[mb], q4_pair<true, 2 * mb>(wa, sa, magic), q4_pair<true, 2 * mb + 1>(wa, sa, magic), q4_pair<true, 2 * mb>(wb, sb, magic),         \
+           q4_pair<true, 2 * mb + 1>(wb, sb, magic), b0, b1);
         MB(0) MB(1) MB(2) MB(3) MB(4) MB(5) MB(6) MB(7)
 #undef MB
       } else {
@@ -363,6 +430,14 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
                    e4m3x2(vw[2 * mb + 1] >> 16), b0, b1);
       }
     }
+    if constexpr (FOLD) {
+      if ((s + 1) % kStepsPerLeaf == 0 || s + 1 == nsteps) fold();
+    }
+  }
+  if constexpr (FOLD) {
+    m0 = cm0; m1 = cm1; l0 = cl0; l1 = cl1; L0 = cL0; L1 = cL1;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) { o[i][0] = co[i][0]; o[i][1] = co[i][1]; o[i][2] = co[i][2]; o[i][3] = co[i][3]; }
   }
   cp_wait<0>();
   // ---- partial: reduce l, L over the 8 lanes of each head pair, write (m, l) and O = a_c * acc - b_c * L ----
@@ -449,8 +524,8 @@ static float e4m3_to_float(uint8_t b) {
   const float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.f + m / 8.f, e - 7);
   return s ? -v : v;
 }
-struct Chan {  // q4 per-channel constants
-  std::vector<double> step, zero;
+struct Chan {  // q4 per-channel constants, K and V (their width patterns differ)
+  std::vector<double> step, zero, vstep, vzero;
 };
 // Channel c = 8 * group + member. K: token r of a unit is row g = r % 8 (+8 when r >= 8) of lane g * 4 + member / 2,
 // half member % 2 of its word; V: channel 8 * group + member is row member of lane member * 4 + q, tokens 2q, 2q+1
@@ -462,6 +537,16 @@ static uint32_t lane_word(const uint8_t* unit, int l, int b) {
   std::memcpy(&w, lane_byte(unit, l, b), 4);
   return w;
 }
+// The scale byte of token g + 8j of unit u (K or V).
+static uint8_t scale_byte(const uint8_t* page, int u, int g, int j, bool v) {
+  if (!LEAN_EXACT) return page[UPP * (unit_k_bytes(kQ4) + unit_v_bytes(kQ4)) + g * 16 + (v ? 8 : 0) + u * 2 + j];
+  uint32_t x = 0;
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t w = lane_word(page + u * unit_k_bytes(kQ4), g * 4 + q, 16 * j + 12);
+    x |= (((w >> 14) & 3u) | ((w >> 28) & 0xcu)) << (4 * q);
+  }
+  return uint8_t(v ? x >> 8 : x);
+}
 static double k_value(int F, const uint8_t* page, int tok, int c, const Chan& ch, double kscale) {
   const int u = tok / UNIT, r = tok % UNIT, g = r % 8, j = r / 8, grp = c / 8, mbr = c % 8;
   const uint8_t* unit = page + u * unit_k_bytes(F);
@@ -471,9 +556,9 @@ static double k_value(int F, const uint8_t* page, int tok, int c, const Chan& ch
     const int kb = grp / 2, hi = grp % 2;
     return e4m3_to_float(*lane_byte(unit, l, 32 * j + 4 * kb + 2 * hi + mbr % 2)) * kscale;
   }
-  const uint32_t w = lane_word(unit, l, 16 * j + 4 * q4g(grp).word);
-  const uint32_t code = (w >> (16 * (mbr % 2) + q4g(grp).pos)) & ((1u << q4g(grp).w) - 1u);
-  const uint8_t tb = page[UPP * (unit_k_bytes(F) + unit_v_bytes(F)) + g * 16 + u * 2 + j];
+  const uint32_t w = lane_word(unit, l, 16 * j + 4 * q4g<false>(grp).word);
+  const uint32_t code = (w >> (16 * (mbr % 2) + q4g<false>(grp).pos)) & ((1u << q4g<false>(grp).w) - 1u);
+  const uint8_t tb = scale_byte(page, u, g, j, false);
   return std::exp2((int(tb) - 128) / 64.0) * ch.step[c] * (double(code) - ch.zero[c]);
 }
 static double v_value(int F, const uint8_t* page, int tok, int c, const Chan& ch, double vscale) {
@@ -486,11 +571,11 @@ static double v_value(int F, const uint8_t* page, int tok, int c, const Chan& ch
     const int mb = grp / 2, which = grp % 2;
     return e4m3_to_float(*lane_byte(unit, l, 4 * (2 * mb + pairB) + 2 * which + hi)) * vscale;
   }
-  const uint32_t w = lane_word(unit, l, 16 * pairB + 4 * q4g(grp).word);
-  const uint32_t code = (w >> (16 * hi + q4g(grp).pos)) & ((1u << q4g(grp).w) - 1u);
+  const uint32_t w = lane_word(unit, l, 16 * pairB + 4 * q4g<true>(grp).word);
+  const uint32_t code = (w >> (16 * hi + q4g<true>(grp).pos)) & ((1u << q4g<true>(grp).w) - 1u);
   const int g = r % 8, j = r / 8;
-  const uint8_t tb = page[UPP * (unit_k_bytes(F) + unit_v_bytes(F)) + g * 16 + 8 + u * 2 + j];
-  return std::exp2((int(tb) - 128) / 64.0) * ch.step[c] * (double(code) - ch.zero[c]);
+  const uint8_t tb = scale_byte(page, u, g, j, true);
+  return std::exp2((int(tb) - 128) / 64.0) * ch.vstep[c] * (double(code) - ch.vzero[c]);
 }
 
 static bool g_magic = false;  // q4 codes as 1024 + code * 2^pos (else f16 subnormals code * 2^(pos - 24))
@@ -506,30 +591,35 @@ struct Run {
   int span, warps_per_sm;
 };
 
-template <int F, int G, int NST>
+static bool g_fold = false;
+template <int F, int G, int NST, bool FOLD>
 struct Launcher {
   static constexpr int SU = F == kQ4 ? 4 : 2, WARPS = 4;
   using R = Ring<F, SU>;
   static constexpr size_t smem() { return size_t(NST) * R::kStageBytes * WARPS; }
   static void prepare() {
-    CK(cudaFuncSetAttribute(lean_decode<F, G, SU, NST, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem())));
+    CK(cudaFuncSetAttribute(lean_decode<F, G, SU, NST, WARPS, FOLD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem())));
   }
   static int warps_per_sm() {
     int blocks = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, lean_decode<F, G, SU, NST, WARPS>, WARPS * 32, smem()));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, lean_decode<F, G, SU, NST, WARPS, FOLD>, WARPS * 32, smem()));
     return blocks * WARPS;
   }
   static void launch(const Params& p, cudaStream_t s) {
     const int items = p.B * p.H * p.nspan;  // nspan % WARPS == 0
-    lean_decode<F, G, SU, NST, WARPS><<<items / WARPS, WARPS * 32, smem(), s>>>(p);
+    lean_decode<F, G, SU, NST, WARPS, FOLD><<<items / WARPS, WARPS * 32, smem(), s>>>(p);
   }
 };
 
 static int g_nst = 3;  // ring stages (2 or 3)
 template <int F, int G, typename Fn>
 static auto with_launcher(Fn&& fn) {
-  if (g_nst == 2) return fn(Launcher<F, G, 2>{});
-  return fn(Launcher<F, G, 3>{});
+  if (g_fold) {
+    if (g_nst == 2) return fn(Launcher<F, G, 2, true>{});
+    return fn(Launcher<F, G, 3, true>{});
+  }
+  if (g_nst == 2) return fn(Launcher<F, G, 2, false>{});
+  return fn(Launcher<F, G, 3, false>{});
 }
 template <typename Fn>
 static auto with_launcher_any(int F, int G, Fn&& fn) {
@@ -545,12 +635,15 @@ static int warps_per_sm_any(int F, int G) {
   return with_launcher_any(F, G, [&](auto L) { return decltype(L)::warps_per_sm(); });
 }
 static void prepare_all() {
-  for (int n : {2, 3}) {
-    g_nst = n;
-    for (int F : {kFp8, kQ4})
-      for (int G : {4, 8}) with_launcher_any(F, G, [&](auto L) { decltype(L)::prepare(); return 0; });
-  }
+  for (bool fo : {false, true})
+    for (int n : {2, 3}) {
+      g_nst = n;
+      g_fold = fo;
+      for (int F : {kFp8, kQ4})
+        for (int G : {4, 8}) with_launcher_any(F, G, [&](auto L) { decltype(L)::prepare(); return 0; });
+    }
   g_nst = 3;
+  g_fold = false;
 }
 
 // Builds pool (random bytes), page tables (random permutation, `replicas` disjoint copies), the transformed query
@@ -584,9 +677,11 @@ static bool run_config(const Config& cf, bool check, int iters, Run* out, uint64
   Chan ch;
   std::uniform_real_distribution<double> U(-1.0, 1.0);
   for (int c = 0; c < D; ++c) {
-    const int w = q4g(c / 8).w;
+    const int w = q4g<false>(c / 8).w, wv = q4g<true>(c / 8).w;
     ch.step.push_back((1.0 + 0.5 * U(rng)) / double(1 << w));
     ch.zero.push_back(double(1 << (w - 1)) - 0.5);
+    ch.vstep.push_back((1.0 + 0.5 * U(rng)) / double(1 << wv));
+    ch.vzero.push_back(double(1 << (wv - 1)) - 0.5);
   }
   const double kscale = 0.05, vscale = 0.05;
   // Query (fp64) and its transform.
@@ -598,12 +693,12 @@ static bool run_config(const Config& cf, bool check, int iters, Run* out, uint64
   for (int c = 0; c < D; ++c) {
     const int i = c / 8;
     if (F == kQ4 && g_magic) {
-      const double a = ch.step[c] * std::ldexp(1.0, -pos_after(i));
+      const double a = ch.vstep[c] * std::ldexp(1.0, -pos_after<true>(i));
       ca[c] = float(a);
-      cb[c] = float(a * 1024.0 + ch.step[c] * ch.zero[c]);
+      cb[c] = float(a * 1024.0 + ch.vstep[c] * ch.vzero[c]);
     } else if (F == kQ4) {
-      ca[c] = float(ch.step[c] * std::ldexp(1.0, 24 - pos_after(i)));
-      cb[c] = float(ch.step[c] * ch.zero[c]);
+      ca[c] = float(ch.vstep[c] * std::ldexp(1.0, 24 - pos_after<true>(i)));
+      cb[c] = float(ch.vstep[c] * ch.vzero[c]);
     } else {
       ca[c] = float(vscale);
       cb[c] = 0.f;
@@ -615,7 +710,7 @@ static bool run_config(const Config& cf, bool check, int iters, Run* out, uint64
       std::vector<double> t(D);
       double mx = 0;
       for (int c = 0; c < D; ++c) {
-        t[c] = qq[c] * sm * (F == kQ4 ? ch.step[c] * std::ldexp(1.0, -pos_after(c / 8)) : kscale);
+        t[c] = qq[c] * sm * (F == kQ4 ? ch.step[c] * std::ldexp(1.0, -pos_after<false>(c / 8)) : kscale);
         mx = std::max(mx, std::fabs(t[c]));
       }
       const int E = 12 - int(std::ceil(std::log2(mx)));
@@ -623,7 +718,7 @@ static bool run_config(const Config& cf, bool check, int iters, Run* out, uint64
       for (int c = 0; c < D; ++c) {
         const __half hv = __double2half(std::ldexp(t[c], E));
         qh[(size_t(bh) * 8 + hg) * D + c] = hv;
-        if (F == kQ4) C += double(__half2float(hv)) * ((g_magic ? 1024.0 : 0.0) + ch.zero[c] * std::ldexp(1.0, pos_after(c / 8)));
+        if (F == kQ4) C += double(__half2float(hv)) * ((g_magic ? 1024.0 : 0.0) + ch.zero[c] * std::ldexp(1.0, pos_after<false>(c / 8)));
       }
       qexp[size_t(bh) * 8 + hg] = float(std::ldexp(1.0, (F == kQ4 && !g_magic ? 24 : 0) - E));
       qc[size_t(bh) * 8 + hg] = float(std::ldexp(C, -E));
@@ -751,7 +846,7 @@ static bool run_config(const Config& cf, bool check, int iters, Run* out, uint64
     size_t tokens = 0;
     for (int l : cf.lens) tokens += l;
     // Bytes the format must read: codes (+ q4's 2 scale bytes per token) per kv head.
-    const double per_tok = F == kQ4 ? (2.0 * D * 4 / 8 + 2) : 2.0 * D;
+    const double per_tok = F == kQ4 ? (2.0 * D * 4 / 8 + (LEAN_EXACT ? 0 : 2)) : 2.0 * D;
     out->decode_us = dec[dec.size() / 2] * 1e3;
     out->merge_us = mer[mer.size() / 2] * 1e3;
     out->gbytes = double(tokens) * H * per_tok / 1e9;
@@ -777,8 +872,9 @@ int main(int argc, char** argv) {
     else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (a == "--span" && i + 1 < argc) span = std::atoi(argv[++i]);
     else if (a == "--magic") g_magic = true;
+    else if (a == "--fold") g_fold = true;
     else if (a == "--stages" && i + 1 < argc) stages_list = argv[++i];
-    else { std::fprintf(stderr, "usage: lean_probe [--check] [--bench] [--iters N] [--span T] [--magic] [--stages 2,3]\n"); return 2; }
+    else { std::fprintf(stderr, "usage: lean_probe [--check] [--bench] [--iters N] [--span T] [--magic] [--fold] [--stages 2,3]\n"); return 2; }
   }
   if (!check && !bench) check = bench = true;
   prepare_all();

@@ -1454,9 +1454,14 @@ void launch_decode(const DecodeKernelParams& kp, int batch, cudaStream_t stream)
   decode_kernel<P, D, GMAX, kMin><<<grid, kThreads, smem, stream>>>(kp);
 }
 
+// The lean kernel (decode_lean.cuh, fp8 at head_dim 128 on sm_90): defined in decode_fp8.cu; returns false when it
+// does not apply (then the regular kernel runs).
+bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, int batch, cudaStream_t st);
+
 // Launch for one format: instantiated in decode_<format>.cu.
 template <class P>
 void launch_decode_format(const DecodeKernelParams& kp, int head_dim, int batch, cudaStream_t st) {
+  if (launch_lean_decode(P::kFormat, kp, head_dim, batch, st)) return;
   KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&] {
     if (kp.group == 1) launch_decode<P, D, 1>(kp, batch, st);
     else if (kp.group == 2) launch_decode<P, D, 2>(kp, batch, st);
