@@ -19,6 +19,7 @@
 // of kFoldChunks chunks in order, then the groups in order).
 #pragma once
 #include <cuda_fp16.h>
+#include <cstdint>
 #include <cstdlib>
 #include <cuda_fp8.h>
 
@@ -62,6 +63,10 @@ __device__ __forceinline__ uint32_t lean_prmt(uint32_t a, uint32_t b, uint32_t s
   return d;
 }
 
+// splits >= 1: warp mode, grid (ceil(H * splits / kLeanWarps), batch): warp -> (kv head, split), chunks split,
+// split + splits, ... of its sequence. splits == 0: leaf mode (small problems), grid (H * max_chunks, batch): CTA ->
+// (kv head, chunk); warp w computes leaves 2w and 2w + 1 of the chunk, and warp 0 folds the 8 leaves in order with
+// the same per-lane arithmetic as warp mode, so both modes give the same bits.
 __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeKernelParams p, int splits) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int D = 128;
@@ -69,9 +74,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int H = p.num_kv_heads;
   // Grid (ceil(H * splits / kLeanWarps), batch): it depends on the plan only, never on the lengths.
+  const bool leaf_mode = splits == 0;
   const int b = blockIdx.y, local = blockIdx.x * kLeanWarps + warp;
-  if (local >= H * splits) return;
-  const int split = local % splits, h = local / splits;
+  if (!leaf_mode && local >= H * splits) return;
+  const int h = leaf_mode ? static_cast<int>(blockIdx.x % H) : local / splits;
+  const int split = leaf_mode ? static_cast<int>(blockIdx.x / H) : local % splits;  // leaf mode: the chunk
 
   int64_t len, row;
   if (p.table.row_start) {
@@ -89,15 +96,15 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     len = p.max_context;
   }
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
-  if (split >= n_chunks) return;
+  if (split >= n_chunks) return;  // leaf mode: the whole CTA (its chunk index), before any barrier
 
   // ---- the query: lane (g, q) holds head g's channels base(kb) .. base(kb) + 3 for the 8 k-blocks, base(kb) =
-  // 16q + 4kb (kb < 4) or 64 + 16q + 4(kb - 4), as f16 scaled by a power of two per head (largest |value| in
-  // [2^13, 2^14)); the score is scaled back exactly. Heads >= group are zero (the n8 tile's padding).
+  // 16q + 4kb (kb < 4) or 64 + 16q + 4(kb - 4), as f16: the bf16 value times a power of two per head (largest |value|
+  // in [2^13, 2^14)), which is exact; the softmax scale, log2 e, the format's K scale and the power of two are applied
+  // to the fp32 score. Heads >= group are zero (the n8 tile's padding).
   uint32_t qb[8][2];
-  float qe_lane;  // 2^-E of head g
+  float qe_lane;  // the score factor of head g
   {
-    const float qs = p.qk_scale_log2 * (p.fp.k_scale ? p.fp.k_scale[h] : 1.f);
     float v[32];
     const bool has = g < p.group;
     const uint16_t* qrow = p.q + (int64_t{b} * p.num_qo_heads + h * p.group + (has ? g : 0)) * D;
@@ -105,10 +112,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     for (int kb = 0; kb < 8; ++kb) {
       const int base = kb < 4 ? 16 * q + 4 * kb : 64 + 16 * q + 4 * (kb - 4);
       const uint2 w = *reinterpret_cast<const uint2*>(qrow + base);
-      v[4 * kb + 0] = has ? bf16_to_f32(uint16_t(w.x & 0xffffu)) * qs : 0.f;
-      v[4 * kb + 1] = has ? bf16_to_f32(uint16_t(w.x >> 16)) * qs : 0.f;
-      v[4 * kb + 2] = has ? bf16_to_f32(uint16_t(w.y & 0xffffu)) * qs : 0.f;
-      v[4 * kb + 3] = has ? bf16_to_f32(uint16_t(w.y >> 16)) * qs : 0.f;
+      v[4 * kb + 0] = has ? bf16_to_f32(uint16_t(w.x & 0xffffu)) : 0.f;
+      v[4 * kb + 1] = has ? bf16_to_f32(uint16_t(w.x >> 16)) : 0.f;
+      v[4 * kb + 2] = has ? bf16_to_f32(uint16_t(w.y & 0xffffu)) : 0.f;
+      v[4 * kb + 3] = has ? bf16_to_f32(uint16_t(w.y >> 16)) : 0.f;
     }
     float mx = 0.f;
 #pragma unroll
@@ -119,7 +126,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
     const int E = mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
     const float up = ldexpf(1.f, E);
-    qe_lane = ldexpf(1.f, -E);
+    qe_lane = p.qk_scale_log2 * (p.fp.k_scale ? p.fp.k_scale[h] : 1.f) * ldexpf(1.f, -E);
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
       const __half2 lo = __floats2half2_rn(v[4 * kb] * up, v[4 * kb + 1] * up);
@@ -136,19 +143,33 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
   const int64_t hb = p.head_block_bytes;
   bool bad_page = false;
   // Step i of this warp: chunk split + (i / 16) * splits, 32-token step i % 16 of it.
+  // Step i of this warp: warp mode: chunk split + (i / 16) * splits, its 32-token step i % 16; leaf mode: steps
+  // 4 warp + i (i < 4) of chunk `split`.
+  auto chunk_of = [&](int i) -> int64_t { return leaf_mode ? split : split + int64_t{i / 16} * splits; };
+  auto step_in_chunk = [&](int i) -> int { return leaf_mode ? 4 * warp + i : i % 16; };
   auto step_start = [&](int i) -> int64_t {
-    const int64_t c = split + int64_t{i / 16} * splits;
-    return c * kChunkTokens + int64_t{i % 16} * kLeanStepTok;
+    if (leaf_mode && i >= 4) return INT64_MAX;
+    return chunk_of(i) * kChunkTokens + int64_t{step_in_chunk(i)} * kLeanStepTok;
   };
+  // The page ids of the chunk being issued, one per lane (a chunk spans 512 / page_size <= 32 pages), loaded once
+  // per chunk: a dependent page-table load per unit stalled every step (v32).
+  int64_t pg_chunk = -1;
+  int my_pg = 0;
   auto issue = [&](int i) {
     const int64_t t0 = step_start(i);
     if (t0 < len) {
+      if (chunk_of(i) != pg_chunk) {
+        pg_chunk = chunk_of(i);
+        const int64_t tp = (t0 & ~int64_t{kChunkTokens - 1}) + (int64_t{lane} << p.page_shift);
+        my_pg = lane < (kChunkTokens >> p.page_shift) && tp < len ? p.table.pages[row + (tp >> p.page_shift)] : 0;
+      }
       const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int64_t tu = t0 + 16 * u;  // a 16-token unit never crosses a page (pages hold >= 16 tokens)
         const bool unit_ok = tu < len;
-        int64_t page = unit_ok ? p.table.pages[row + (tu >> p.page_shift)] : 0;
+        int64_t page = __shfl_sync(0xffffffffu, my_pg, static_cast<int>((tu & (kChunkTokens - 1)) >> p.page_shift));
+        if (!unit_ok) page = 0;
         if (page < 0 || page >= p.num_pages) {
           bad_page = bad_page || unit_ok;
           page = 0;
@@ -316,25 +337,74 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
       }
     }
     // ---- leaf / chunk boundaries (a leaf is 2 steps; the sequence's last chunk may end early) ----
-    const bool chunk_end = i % 16 == 15 || t0 + kLeanStepTok >= len;
-    if (i % 2 == 1 || chunk_end) {
+    const int k = step_in_chunk(i);
+    const bool last = t0 + kLeanStepTok >= len;
+    if (leaf_mode) {
+      // Leaf 2w ends at i = 1 (or where the sequence ends): kept in the chunk registers; leaf 2w + 1 stays in o.
+      if (i <= 1 && (i == 1 || last)) {
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) co[mb][e] = o[mb][e];
+        cm0 = m0, cm1 = m1, cl0 = l0, cl1 = l1;
+        reset_leaf();
+      }
+      continue;
+    }
+    const bool chunk_end = k == 15 || last;
+    if (k % 2 == 1 || chunk_end) {
       fold_leaf();
       reset_leaf();
     }
     if (chunk_end) {
-      store_chunk(split + int64_t{i / 16} * splits);
+      store_chunk(chunk_of(i));
       reset_chunk();
-      if (i % 16 != 15) break;  // that was the sequence's last chunk
+      if (k != 15) break;  // that was the sequence's last chunk
     }
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
   if (bad_page && p.status) atomicOr(p.status, 1);
+  if (leaf_mode) {
+    // Each warp's two leaves into its own (drained) ring, [leaf][36 values][lane]; then warp 0 folds leaves 0..7.
+    __syncwarp();  // every lane's copies have landed before any lane overwrites the ring
+    float* lw = reinterpret_cast<float*>(smem + size_t(warp) * kLeanStages * kLeanStageBytes);
+    auto put = [&](int j, const float (&oo)[8][4], float a0, float a1, float b0, float b1) {
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lw[(j * 36 + 4 * mb + e) * 32 + lane] = oo[mb][e];
+      lw[(j * 36 + 32) * 32 + lane] = a0;
+      lw[(j * 36 + 33) * 32 + lane] = a1;
+      lw[(j * 36 + 34) * 32 + lane] = b0;
+      lw[(j * 36 + 35) * 32 + lane] = b1;
+    };
+    put(0, co, cm0, cm1, cl0, cl1);
+    put(1, o, m0, m1, l0, l1);
+    __syncthreads();
+    if (warp != 0) return;
+    reset_chunk();
+#pragma unroll 1
+    for (int leaf = 0; leaf < 8; ++leaf) {
+      const float* src = reinterpret_cast<const float*>(smem + size_t(leaf / 2) * kLeanStages * kLeanStageBytes);
+      const int j = leaf % 2;
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mb][e] = src[(j * 36 + 4 * mb + e) * 32 + lane];
+      m0 = src[(j * 36 + 32) * 32 + lane];
+      m1 = src[(j * 36 + 33) * 32 + lane];
+      l0 = src[(j * 36 + 34) * 32 + lane];
+      l1 = src[(j * 36 + 35) * 32 + lane];
+      fold_leaf();
+    }
+    store_chunk(split);
+  }
 #endif
 }
 
-// One CTA (256 threads) per (sequence, kv head): fold the chunk partials with the fixed two-level tree (chunks
+// One CTA (one thread per channel) per (sequence, kv head, query head of the group): fold the chunk partials with the fixed two-level tree (chunks
 // 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one group), then the output.
-__global__ void __launch_bounds__(256) lean_merge_kernel(const DecodeKernelParams p) {
+__global__ void __launch_bounds__(128) lean_merge_kernel(const DecodeKernelParams p) {
   constexpr int D = 128;
   const int b = blockIdx.y, h = blockIdx.x, H = p.num_kv_heads;
   int64_t len;
@@ -358,8 +428,8 @@ __global__ void __launch_bounds__(256) lean_merge_kernel(const DecodeKernelParam
     o = o * sa + oj * sc;
     m = mn;
   };
-  for (int i = threadIdx.x; i < p.group * D; i += blockDim.x) {
-    const int hg = i / D;
+  {
+    const int hg = blockIdx.z, i = hg * D + threadIdx.x;
     float M = -INFINITY, L = 0.f, O = 0.f;
     for (int g0 = 0; g0 < n_chunks; g0 += kFoldChunks) {
       const int cnt = min(kFoldChunks, n_chunks - g0);
@@ -412,11 +482,16 @@ inline void launch_lean_fp8(const DecodeKernelParams& kp, int batch, cudaStream_
     cudaFuncSetAttribute(lean_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kLeanSmem));
     cudaGetLastError();
   });
-  const int splits = lean_splits(kp);
+  // Leaf mode when one warp per chunk would give fewer than two waves of 8 warps per SM (the choice depends on the
+  // plan only and both modes give the same bits).
+  const bool leaf = int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
+  const int splits = leaf ? 0 : lean_splits(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;
-  dim3 grid(static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps), batch);
+  dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
+                 : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
+            batch);
   lean_fp8_kernel<<<grid, kLeanWarps * 32, kLeanSmem, stream>>>(kp, splits);
-  lean_merge_kernel<<<dim3(kp.num_kv_heads, batch), 256, 0, stream>>>(kp);
+  lean_merge_kernel<<<dim3(kp.num_kv_heads, batch, kp.group), 128, 0, stream>>>(kp);
 }
 
 }  // namespace kvpack::cuda_detail

@@ -380,6 +380,13 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
             ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
           }
         }
+      // A plan for a much longer max_context: fp8's lean kernel then runs one warp per chunk instead of one CTA per
+      // chunk (decode_lean.cuh, leaf mode), with the same bits.
+      {
+        AttnResult r = run_attention(pb, db, q, qo, true, 4, 3, int64_t{1} << 20);
+        ASSERT_EQ(r.out, base.out) << "max_context 2^20";
+        ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
+      }
       // The fallback plan and repeated runs.
       for (int rep = 0; rep < 3; ++rep) {
         AttnResult r = run_attention(pb, db, q, qo, true, 0, 0);
