@@ -395,6 +395,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
       m1 = src[(j * 36 + 33) * 32 + lane];
       l0 = src[(j * 36 + 34) * 32 + lane];
       l1 = src[(j * 36 + 35) * 32 + lane];
+      // Leaves past the sequence's end (all heads -inf) are skipped, as warp mode never reaches them.
+      if (m0 == -INFINITY && m1 == -INFINITY) continue;
       fold_leaf();
     }
     store_chunk(split);
