@@ -140,7 +140,9 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
 
   const uint32_t ring =
       static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * kLeanStages * kLeanStageBytes + lane * 16;
-  const int64_t hb = p.head_block_bytes;
+  const int64_t page_stride = int64_t{H} * p.head_block_bytes;
+  const uint8_t* k_head = p.k_pool + int64_t{h} * p.head_block_bytes;
+  const uint8_t* v_head = p.v_pool + int64_t{h} * p.head_block_bytes;
   bool bad_page = false;
   // Step i of this warp: chunk split + (i / 16) * splits, 32-token step i % 16 of it.
   // Step i of this warp: warp mode: chunk split + (i / 16) * splits, its 32-token step i % 16; leaf mode: steps
@@ -167,20 +169,20 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int64_t tu = t0 + 16 * u;  // a 16-token unit never crosses a page (pages hold >= 16 tokens)
-        const bool unit_ok = tu < len;
-        int64_t page = __shfl_sync(0xffffffffu, my_pg, static_cast<int>((tu & (kChunkTokens - 1)) >> p.page_shift));
-        if (!unit_ok) page = 0;
+        const int rem = static_cast<int>(min(len - tu, int64_t{16}));  // tokens of the unit inside the sequence
+        int page = __shfl_sync(0xffffffffu, my_pg, static_cast<int>((tu & (kChunkTokens - 1)) >> p.page_shift));
+        if (rem <= 0) page = 0;
         if (page < 0 || page >= p.num_pages) {
-          bad_page = bad_page || unit_ok;
+          bad_page = true;
           page = 0;
         }
-        const int off = static_cast<int>(tu & (p.page_size - 1));
-        const uint8_t* kb = p.k_pool + (page * H + h) * hb + int64_t{off} * D;
-        const uint8_t* vb = p.v_pool + (page * H + h) * hb + int64_t{off} * D;
+        const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * D;
+        const uint8_t* kb = k_head + unit_off;
+        const uint8_t* vb = v_head + unit_off;
         // K: token g, then g + 8; bytes [16q, +16) and [64 + 16q, +16) of each row.
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const bool ok = tu + g + 8 * j < len;
+          const bool ok = g + 8 * j < rem;
           lean_cp16(st + ((u * 8 + 2 * j) * 32) * 16, kb + (g + 8 * j) * D + 16 * q, ok);
           lean_cp16(st + ((u * 8 + 2 * j + 1) * 32) * 16, kb + (g + 8 * j) * D + 64 + 16 * q, ok);
         }
@@ -188,7 +190,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int tok = 2 * q + (j & 1) + 8 * (j >> 1);
-          lean_cp16(st + ((u * 8 + 4 + j) * 32) * 16, vb + tok * D + 16 * g, tu + tok < len);
+          lean_cp16(st + ((u * 8 + 4 + j) * 32) * 16, vb + tok * D + 16 * g, tok < rem);
         }
       }
     }
