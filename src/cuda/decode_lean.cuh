@@ -67,7 +67,7 @@ __device__ __forceinline__ uint32_t lean_prmt(uint32_t a, uint32_t b, uint32_t s
 // split + splits, ... of its sequence. splits == 0: leaf mode (small problems), grid (H * max_chunks, batch): CTA ->
 // (kv head, chunk); warp w computes leaves 2w and 2w + 1 of the chunk, and warp 0 folds the 8 leaves in order with
 // the same per-lane arithmetic as warp mode, so both modes give the same bits.
-__global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeKernelParams p, int splits) {
+__global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeKernelParams p, int splits, int krows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int D = 128;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -179,12 +179,23 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
         const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * D;
         const uint8_t* kb = k_head + unit_off;
         const uint8_t* vb = v_head + unit_off;
+        if (krows) {
+          // K by whole rows: copy k of lane l is row 4k + l / 8, 16-byte column l % 8, written where its reader
+          // (lane (row % 8) * 4 + column % 4, piece 2 (row / 8) + column / 4) finds it (a __syncwarp follows).
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int r = 4 * k + lane / 8, col = lane % 8;
+            const int reader = (r % 8) * 4 + col % 4, piece = 2 * (r / 8) + col / 4;
+            lean_cp16(st - lane * 16 + ((u * 8 + piece) * 32 + reader) * 16, kb + r * D + 16 * col, r < rem);
+          }
+        } else {
         // K: token g, then g + 8; bytes [16q, +16) and [64 + 16q, +16) of each row.
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const bool ok = g + 8 * j < rem;
           lean_cp16(st + ((u * 8 + 2 * j) * 32) * 16, kb + (g + 8 * j) * D + 16 * q, ok);
           lean_cp16(st + ((u * 8 + 2 * j + 1) * 32) * 16, kb + (g + 8 * j) * D + 64 + 16 * q, ok);
+        }
         }
         // V: tokens 2q, 2q + 1, 8 + 2q, 9 + 2q; bytes [16g, +16).
 #pragma unroll
@@ -266,8 +277,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
   for (int i = 0;; ++i) {
     const int64_t t0 = step_start(i);
     if (t0 >= len) break;
+    if (krows) __syncwarp();  // every lane has read the slot the next copies refill
     issue(i + kLeanStages - 1);
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kLeanStages - 1));
+    if (krows) __syncwarp();  // the other lanes' copies into this lane's slots have landed
     const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
     float sc[2][4];
     // ---- scores of the step's two units ----
@@ -494,7 +507,8 @@ inline void launch_lean_fp8(const DecodeKernelParams& kp, int batch, cudaStream_
   dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
                  : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
             batch);
-  lean_fp8_kernel<<<grid, kLeanWarps * 32, kLeanSmem, stream>>>(kp, splits);
+  static const int krows = std::getenv("KVPACK_LEAN_KROWS") ? std::atoi(std::getenv("KVPACK_LEAN_KROWS")) : 0;
+  lean_fp8_kernel<<<grid, kLeanWarps * 32, kLeanSmem, stream>>>(kp, splits, krows);
   lean_merge_kernel<<<dim3(kp.num_kv_heads, batch, kp.group), 128, 0, stream>>>(kp);
 }
 
