@@ -57,6 +57,9 @@ __device__ __forceinline__ void lean_cp16(uint32_t dst, const void* src, bool va
   // src_size 0 zero-fills the piece (tokens past the sequence: their V must be finite zeros for P.V).
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
+__device__ __forceinline__ void lean_cp16_full(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ uint32_t lean_prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -153,6 +156,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     if (leaf_mode && i >= 4) return INT64_MAX;
     return chunk_of(i) * kChunkTokens + int64_t{step_in_chunk(i)} * kLeanStepTok;
   };
+  // KVPACK_LEAN_KROWS: this lane's K copy k of a unit lands in reader lane (4 (k % 2) + lane / 8) * 4 + col % 4,
+  // piece 2 (k / 2) + col / 4 (col = lane % 8): the lane-dependent part of that slot address, relative to `ring`.
+  const int krows_col = lane % 8;
+  const uint32_t krows_dst =
+      uint32_t(((krows_col / 4) * 32 + (lane / 8) * 4 + krows_col % 4) * 16) - uint32_t(lane * 16);
   // The page ids of the chunk being issued, one per lane (a chunk spans 512 / page_size <= 32 pages), loaded once
   // per chunk: a dependent page-table load per unit stalled every step (v32).
   int64_t pg_chunk = -1;
@@ -179,6 +187,29 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
         const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * D;
         const uint8_t* kb = k_head + unit_off;
         const uint8_t* vb = v_head + unit_off;
+        if (rem >= 16) {
+          // A whole unit (every step but the sequence's last): no bounds, per-lane offsets fixed, piece offsets
+          // immediate.
+          const uint32_t su = st + u * 8 * 32 * 16;
+          if (krows) {
+            const uint8_t* kl = kb + lane * 16;
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              lean_cp16_full(krows_dst + su + ((2 * (k / 2)) * 32 + 4 * (k % 2) * 4) * 16, kl + 512 * k);
+          } else {
+            const uint8_t* kl = kb + g * D + 16 * q;
+            lean_cp16_full(su, kl);
+            lean_cp16_full(su + 32 * 16, kl + 64);
+            lean_cp16_full(su + 2 * 32 * 16, kl + 8 * D);
+            lean_cp16_full(su + 3 * 32 * 16, kl + 8 * D + 64);
+          }
+          const uint8_t* vl = vb + 2 * q * D + 16 * g;
+          lean_cp16_full(su + 4 * 32 * 16, vl);
+          lean_cp16_full(su + 5 * 32 * 16, vl + D);
+          lean_cp16_full(su + 6 * 32 * 16, vl + 8 * D);
+          lean_cp16_full(su + 7 * 32 * 16, vl + 9 * D);
+          continue;
+        }
         if (krows) {
           // K by whole rows: copy k of lane l is row 4k + l / 8, 16-byte column l % 8, written where its reader
           // (lane (row % 8) * 4 + column % 4, piece 2 (row / 8) + column / 4) finds it (a __syncwarp follows).
