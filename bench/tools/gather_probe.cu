@@ -20,15 +20,8 @@
 #include <vector>
 
 #include "../../src/cuda/bulk_copy.cuh"
+#include "probe_util.cuh"
 
-#define CK(x)                                                                           \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
 
 // The decode kernel's own bulk-copy primitives, so the probe issues exactly its copies.
 using kvpack::cuda_detail::bulk_copy;
@@ -121,15 +114,6 @@ __global__ void ldg_kernel(Args a) {
       for (int j = 0; j < PER; ++j) acc += v[d][j].x ^ v[d][j].w;
   }
   if (acc == 0x12345678u) a.sink[0] = acc;
-}
-
-__global__ void stream_kernel(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc += v.x ^ v.w;
-  }
-  if (acc == 0x12345678u) sink[0] = acc;
 }
 
 template <class F>

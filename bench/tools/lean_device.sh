@@ -15,7 +15,7 @@ if [ "${PRODUCT:-1}" = 1 ]; then
       && cmake --build build-device -j12 --target kvpack_cli ) > "$OUT/build.log" 2>&1 &
   bpid=$!
 fi
-nvcc -O3 -std=c++20 ${NVCC_EXTRA:-} -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o /tmp/lean_probe bench/tools/lean_probe.cu \
+nvcc -O3 -std=c++20 --expt-relaxed-constexpr -I include -I src -DFMT_USE_CONSTEXPR=1 ${NVCC_EXTRA:-} -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o /tmp/lean_probe bench/tools/lean_probe.cu \
   > "$OUT/lean_build.log" 2>&1 || { stamp "probe build failed"; tail -30 "$OUT/lean_build.log"; }
 stamp "probe built"; grep -E "registers|spill" "$OUT/lean_build.log" | head -8
 { /tmp/lean_probe --check; /tmp/lean_probe --check --fold; /tmp/lean_probe --check --magic | grep q4; } > "$OUT/lean_check.log" 2>&1

@@ -16,7 +16,8 @@
 // layout is not the product's: this measures what porting the product to this structure could give.
 // Partials: one (m, l, O) per warp span, merged by a second kernel in span order (both timed).
 //
-// Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -o lean_probe bench/tools/lean_probe.cu
+// Build: nvcc -O3 -std=c++20 --expt-relaxed-constexpr -I include -I src -DFMT_USE_CONSTEXPR=1
+//          -gencode=arch=compute_90a,code=sm_90a -o lean_probe bench/tools/lean_probe.cu
 // Run:   ./lean_probe [--check] [--bench] [--iters N]
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -32,14 +33,9 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+#include "../../src/cuda/format_policy.cuh"
+#include "probe_util.cuh"
+
 
 constexpr int D = 128;     // head dim
 constexpr int PAGE = 64;   // tokens per page
@@ -124,13 +120,7 @@ struct Params {
   uint32_t magic;  // 0x64006400
 };
 
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+using kvpack::cuda_detail::mma_f16_full;  // the product's m16n8k16 f16 wrapper (src/cuda/format_policy.cuh)
 __device__ __forceinline__ uint32_t movtrans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -327,7 +317,7 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
         const uint32_t s0[4] = {kw[0] >> 6, kw[1] >> 6, kw[2] >> 6, kw[3] >> 6};
         const uint32_t s1[4] = {kw[4] >> 6, kw[5] >> 6, kw[6] >> 6, kw[7] >> 6};
 #define KB(kb)                                                                                          \
-  mma16816(c, q4_pair<false, 2 * kb>(w0, s0, magic), q4_pair<false, 2 * kb>(w1, s1, magic), q4_pair<false, 2 * kb + 1>(w0, s0, magic),           \
+  mma_f16_full(c, q4_pair<false, 2 * kb>(w0, s0, magic), q4_pair<false, 2 * kb>(w1, s1, magic), q4_pair<false, 2 * kb + 1>(w0, s0, magic),           \
            q4_pair<false, 2 * kb + 1>(w1, s1, magic), qb[kb][0], qb[kb][1]);
         KB(0) KB(1) KB(2) KB(3) KB(4) KB(5) KB(6) KB(7)
 #undef KB
@@ -359,7 +349,7 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
       } else {
 #pragma unroll
         for (int kb = 0; kb < 8; ++kb)
-          mma16816(c, e4m3x2(kw[kb]), e4m3x2(kw[8 + kb]), e4m3x2(kw[kb] >> 16), e4m3x2(kw[8 + kb] >> 16),
+          mma_f16_full(c, e4m3x2(kw[kb]), e4m3x2(kw[8 + kb]), e4m3x2(kw[kb] >> 16), e4m3x2(kw[8 + kb] >> 16),
                    qb[kb][0], qb[kb][1]);
         sc[uu][0] = c[0] * qe0;
         sc[uu][1] = c[1] * qe1;
@@ -419,14 +409,14 @@ __global__ void __launch_bounds__(WARPS * 32) lean_decode(Params p) {
         const uint32_t sa[4] = {vw[0] >> 6, vw[1] >> 6, vw[2] >> 6, vw[3] >> 6};
         const uint32_t sb[4] = {vw[4] >> 6, vw[5] >> 6, vw[6] >> 6, vw[7] >> 6};
 #define MB(mb)                                                                                            \
-  mma16816(o[mb], q4_pair<true, 2 * mb>(wa, sa, magic), q4_pair<true, 2 * mb + 1>(wa, sa, magic), q4_pair<true, 2 * mb>(wb, sb, magic),         \
+  mma_f16_full(o[mb], q4_pair<true, 2 * mb>(wa, sa, magic), q4_pair<true, 2 * mb + 1>(wa, sa, magic), q4_pair<true, 2 * mb>(wb, sb, magic),         \
            q4_pair<true, 2 * mb + 1>(wb, sb, magic), b0, b1);
         MB(0) MB(1) MB(2) MB(3) MB(4) MB(5) MB(6) MB(7)
 #undef MB
       } else {
 #pragma unroll
         for (int mb = 0; mb < 8; ++mb)
-          mma16816(o[mb], e4m3x2(vw[2 * mb]), e4m3x2(vw[2 * mb] >> 16), e4m3x2(vw[2 * mb + 1]),
+          mma_f16_full(o[mb], e4m3x2(vw[2 * mb]), e4m3x2(vw[2 * mb] >> 16), e4m3x2(vw[2 * mb + 1]),
                    e4m3x2(vw[2 * mb + 1] >> 16), b0, b1);
       }
     }
@@ -505,15 +495,6 @@ __global__ void fill_random(uint8_t* p, size_t n, uint64_t seed, int fp8) {
       p[i + k] = v;
     }
   }
-}
-
-__global__ void stream_kernel(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc += v.x ^ v.w;
-  }
-  if (acc == 0x12345678u) sink[0] = acc;
 }
 
 // ----------------------------------------------------------------------------------------------------------------

@@ -32,13 +32,6 @@ constexpr int kLeanPieces = 16;  // 16-byte pieces per lane and step: 2 units x 
 constexpr int kLeanStageBytes = kLeanPieces * 32 * 16;  // per warp
 constexpr size_t kLeanSmem = size_t(kLeanStages) * kLeanStageBytes * kLeanWarps;
 
-__device__ __forceinline__ void lean_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -326,7 +319,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
       float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int kb = 0; kb < 8; ++kb)
-        lean_mma(c, lean_e4m3x2(kw[kb]), lean_e4m3x2(kw[8 + kb]), lean_e4m3x2(kw[kb] >> 16),
+        mma_f16_full(c, lean_e4m3x2(kw[kb]), lean_e4m3x2(kw[8 + kb]), lean_e4m3x2(kw[kb] >> 16),
                  lean_e4m3x2(kw[8 + kb] >> 16), qb[kb][0], qb[kb][1]);
       const int64_t ta = t0 + 16 * u + g;
       sc[u][0] = ta < len ? c[0] * qe0 : -INFINITY;
@@ -376,9 +369,9 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
         // Channel 16g + 4j + 2e (+1): tokens 2q, 2q + 1 paired byte-wise (lo byte = token 2q).
         const uint32_t a_lo = lean_prmt(vw[j], vw[4 + j], 0x5140), a_hi = lean_prmt(vw[j], vw[4 + j], 0x7362);
         const uint32_t b_lo = lean_prmt(vw[8 + j], vw[12 + j], 0x5140), b_hi = lean_prmt(vw[8 + j], vw[12 + j], 0x7362);
-        lean_mma(o[2 * j], lean_e4m3x2(a_lo), lean_e4m3x2(a_lo >> 16), lean_e4m3x2(b_lo), lean_e4m3x2(b_lo >> 16), b0,
+        mma_f16_full(o[2 * j], lean_e4m3x2(a_lo), lean_e4m3x2(a_lo >> 16), lean_e4m3x2(b_lo), lean_e4m3x2(b_lo >> 16), b0,
                  b1);
-        lean_mma(o[2 * j + 1], lean_e4m3x2(a_hi), lean_e4m3x2(a_hi >> 16), lean_e4m3x2(b_hi),
+        mma_f16_full(o[2 * j + 1], lean_e4m3x2(a_hi), lean_e4m3x2(a_hi >> 16), lean_e4m3x2(b_hi),
                  lean_e4m3x2(b_hi >> 16), b0, b1);
       }
     }
