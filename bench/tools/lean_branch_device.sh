@@ -41,7 +41,7 @@ prof() {  # name, kernel regex, launch-skip, command...
 }
 prof lean_k${PROF_KROWS:-0} lean_fp8_kernel 3 env KVPACK_LEAN_KROWS=${PROF_KROWS:-0} $K bench --formats fp8 --shapes 32/8/128 --batch 8 --context 32k --iters 5
 # lean_probe --bench --stages 3: configs in order (1 x 128k fp8, q4), (8 x 32k fp8, ...): 6 launches each (iters 3).
-prof probe lean_decode 14 /tmp/lean_probe --bench --stages 3 --iters 3
+prof probe lean_decode 16 /tmp/lean_probe --bench --stages 3 --iters 3
 for n in lean_k${PROF_KROWS:-0} probe; do
   echo "#### $n"; grep -E "Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Registers Per|Achieved Occ|Warp Cycles Per Issued|Executed Instructions  " "$OUT/hot_$n.txt" | head -14
 done
