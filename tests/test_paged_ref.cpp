@@ -133,8 +133,8 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
       const bool q = info.sink_tokens > 0;
       QHostParams qk, qv;
       if (q) {
-        qk = synthetic_q_params(f, H, D, 1);
-        qv = synthetic_q_params(f, H, D, 2);
+        qk = synthetic_q_params(f, false, H, D, 1);
+        qv = synthetic_q_params(f, true, H, D, 2);
         fp.qk = qk.table();
         fp.qv = qv.table();
       }
@@ -211,7 +211,7 @@ TEST(DecodeRef, SinkTokensAreReadExactly) {
   std::normal_distribution<float> nd;
   const int H = 2, D = 64, n = kSinkTokens;
   const PagedLayout lq = make_paged_layout(Format::q4, 16, H, D), lb = make_paged_layout(Format::bf16, 16, H, D);
-  QHostParams qk = synthetic_q_params(Format::q4, H, D, 3), qv = synthetic_q_params(Format::q4, H, D, 4);
+  QHostParams qk = synthetic_q_params(Format::q4, false, H, D, 3), qv = synthetic_q_params(Format::q4, true, H, D, 4);
   FormatParams fp;
   fp.qk = qk.table();
   fp.qv = qv.table();

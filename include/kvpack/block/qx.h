@@ -273,6 +273,19 @@ struct QBlock {
     }
   }
 
+  // The inverse of unpack: codes k[D] (each below 2^b of its group; 0-bit groups ignored) into the block's code bytes.
+  static KVPACK_HD void pack(const QParams& p, const int* k, uint8_t* codes) {
+    int off = 0;
+    for (int g = 0; g < kGroups; ++g) {
+      if (!group_coded(p, g, off)) continue;
+      const int b = p.group_bits[g];
+      uint64_t acc = 0;
+      for (int i = 0; i < 8; ++i) acc |= static_cast<uint64_t>(static_cast<uint32_t>(k[8 * g + i]) & ((1u << b) - 1u)) << (b * i);
+      for (int j = 0; j < b; ++j) codes[off + j] = static_cast<uint8_t>(acc >> (8 * j));
+      off += b;
+    }
+  }
+
   // y^ (transformed domain, tau applied): y^_c = ((k_c - o_b) * s_c) * tau; 0 for 0-bit channels.
   static KVPACK_HD void decode_transformed(const QParams& p, const uint8_t* codes, const uint8_t* meta, float* y) {
     int k[D];
