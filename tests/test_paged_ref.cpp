@@ -10,6 +10,7 @@
 
 #include "kvpack/bf16.h"
 #include "kvpack/block/layout.h"
+#include "kvpack/block/q4_lanes.h"
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
 #include "kvpack/paged.h"
@@ -108,7 +109,8 @@ TEST(PagedWriteRef, Bf16RoundTripAndPaddingSkipped) {
 }
 
 // Every supported format: the layout's byte counts are the block table's, and a token's codes and metadata sit
-// exactly where docs/FORMATS.md says (codes at t*C, metadata at page_size*C + t*M), holding the block core's bytes.
+// exactly where docs/FORMATS.md says (codes at t*C, metadata at page_size*C + t*M; q4: its lane layout), holding
+// the block core's bytes.
 TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
   std::mt19937 rng(21);
   std::normal_distribution<float> nd;
@@ -119,8 +121,9 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
       const int P = 32, H = 3;
       const PagedLayout l = make_paged_layout(f, P, H, D);
       const auto bl = block::block_layout(f, D);
-      EXPECT_EQ(l.code_bytes_per_token, bl.code_bytes);
-      EXPECT_EQ(l.meta_bytes_per_token, bl.meta_bytes);
+      EXPECT_EQ(l.q4_lanes, f == Format::q4);
+      EXPECT_EQ(l.code_bytes_per_token, l.q4_lanes ? bl.bytes() : bl.code_bytes);
+      EXPECT_EQ(l.meta_bytes_per_token, l.q4_lanes ? 0 : bl.meta_bytes);
       EXPECT_EQ(l.head_block_bytes % 16, 0);
       EXPECT_GE(l.head_block_bytes, int64_t{P} * bl.bytes());
       const int64_t pages = 2;
@@ -159,6 +162,26 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
         if (f == Format::q3 && D == 64) block::Q3Block<64>::encode(qp, x.data(), codes.data(), meta.data());
         if (f == Format::q3 && D == 128) block::Q3Block<128>::encode(qp, x.data(), codes.data(), meta.data());
         const uint8_t* blk = kp.data() + 1 * l.page_bytes() + h * l.head_block_bytes;
+        if (l.q4_lanes) {
+          // The lane layout: token 5 is token 5 of unit 0; its D/4 halves hold the block's codes and scale byte
+          // (block/q4_lanes.h), every other byte of the head block is untouched.
+          auto check = [&]<int DD>() {
+            using L = block::Q4Lanes<DD, false>;
+            int kc[DD];
+            block::Q4Block<DD>::unpack(qp, codes.data(), kc);
+            std::vector<bool> mine(l.head_block_bytes, false);
+            for (int j = 0; j < L::kTokenHalves; ++j) {
+              const int o = L::half_offset(5, j);
+              EXPECT_EQ(blk[o] | (blk[o + 1] << 8), L::half_value(kc, meta[0], j)) << "D=" << DD << " half " << j;
+              mine[o] = mine[o + 1] = true;
+            }
+            for (int64_t i = 0; i < l.head_block_bytes; ++i)
+              if (!mine[i]) ASSERT_EQ(blk[i], 0xA5) << "D=" << DD << " byte " << i;
+          };
+          if (D == 64) check.template operator()<64>();
+          else check.template operator()<128>();
+          continue;
+        }
         EXPECT_EQ(0, std::memcmp(blk + 5 * bl.code_bytes, codes.data(), bl.code_bytes)) << format_name(f) << " D=" << D;
         if (bl.meta_bytes)
           EXPECT_EQ(0, std::memcmp(blk + P * bl.code_bytes + 5 * bl.meta_bytes, meta.data(), bl.meta_bytes));
@@ -166,6 +189,58 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
       }
     }
   }
+}
+
+// q4's lane layout (block/q4_lanes.h): the 16 tokens' halves tile the unit exactly once, two offsets worked out by
+// hand from docs/FORMATS.md, and random codes and scale bytes survive store_token / load_token for all 16 tokens.
+template <int D, bool V>
+void lanes_roundtrip(uint64_t seed) {
+  using L = block::Q4Lanes<D, V>;
+  std::vector<int> owner(L::kUnitBytes, -1);
+  for (int t = 0; t < 16; ++t)
+    for (int j = 0; j < L::kTokenHalves; ++j) {
+      const int o = L::half_offset(t, j);
+      ASSERT_TRUE(o >= 0 && o + 1 < L::kUnitBytes && o % 2 == 0) << o;
+      ASSERT_EQ(owner[o], -1) << "D=" << D << " V=" << V << " t=" << t << " j=" << j;
+      owner[o] = owner[o + 1] = t;
+    }
+  for (int x : owner) ASSERT_GE(x, 0);
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> unit(L::kUnitBytes, 0x5A);
+  std::vector<std::vector<int>> codes(16, std::vector<int>(D));
+  std::vector<uint8_t> scales(16);
+  for (int t = 0; t < 16; ++t) {
+    for (int c = 0; c < D; ++c) codes[t][c] = static_cast<int>(rng() % (1u << L::bits(c / 8)));
+    scales[t] = static_cast<uint8_t>(rng());
+    L::store_token(codes[t].data(), scales[t], t, unit.data());
+  }
+  for (int t = 15; t >= 0; --t) {
+    std::vector<int> k(D, -1);
+    uint8_t e = 0;
+    L::load_token(unit.data(), t, k.data(), e);
+    EXPECT_EQ(k, codes[t]) << "D=" << D << " V=" << V << " t=" << t;
+    EXPECT_EQ(e, scales[t]);
+  }
+}
+
+TEST(Q4Lanes, HalvesTileTheUnitAndRoundTrip) {
+  lanes_roundtrip<64, false>(1);
+  lanes_roundtrip<64, true>(2);
+  lanes_roundtrip<128, false>(3);
+  lanes_roundtrip<128, true>(4);
+  // K, D = 128: token 9 (g = 1, second 8), lane q = 2, word 3, member 1 -> j = (2 * 4 + 3) * 2 + 1 = 23; lane
+  // 4 * 1 + 2 = 6, share byte 16 + 12 + 2 = 30 -> piece 1, byte 14: (32 + 6) * 16 + 14 = 622.
+  EXPECT_EQ((block::Q4Lanes<128, false>::half_offset(9, 23)), 622);
+  // V, D = 128: token 11 (pair (10, 11) of the second 8: q = 1, odd -> hi half), member g = 5, word 2 -> j = 22;
+  // lane 4 * 5 + 1 = 21, share byte 16 + 8 + 2 = 26 -> piece 1, byte 10: (32 + 21) * 16 + 10 = 858.
+  EXPECT_EQ((block::Q4Lanes<128, true>::half_offset(11, 22)), 858);
+  // The widths are the calibration's pattern, summing to the logical block's code bytes.
+  for (int D : {64, 128})
+    for (bool v : {false, true}) {
+      int sum = 0;
+      for (int g = 0; g < D / 8; ++g) sum += block::q4_group_bits(D, v, g);
+      EXPECT_EQ(sum, block::q_code_bytes(8, D));
+    }
 }
 
 TEST(DecodeRef, SingleTokenReturnsItsValueAndFp32MatchesFp64) {
