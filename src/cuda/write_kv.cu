@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "format_policy.cuh"
+#include "kvpack/block/q4_lanes.h"
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
 
@@ -186,7 +187,13 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   float* t_s = F + D * kF;                           // [kTok][kRow] centred inputs
   float* y_s = G::kTiles ? t_s : t_s + kTok * kRow;  // [kTok][kRow] transformed coefficients
   __shared__ float inv_tau_s[kTok];
-  __shared__ uint8_t* codes_s[kTok];  // each token's code row in the pool, nullptr when not written
+  __shared__ uint8_t* codes_s[kTok];  // each token's code row in the pool (q4: its unit), nullptr when not written
+  // q4 (lane layout, block/q4_lanes.h): each token's logical block (the block core's code bytes and scale byte),
+  // built here first, then stored half by half into its unit.
+  constexpr bool kLanes = P::kFormat == Format::q4;
+  constexpr int kBlk = kLanes ? kCode + 1 : 1;
+  __shared__ uint8_t blk_s[kLanes ? kTok : 1][kBlk];
+  __shared__ uint8_t tin_s[kLanes ? kTok : 1];  // the token's index in its unit
   __shared__ int goff_s[kGroups];
   // The per-channel tables the scale search and the quantiser read for every candidate and channel (17 x D reads
   // per token), staged once per CTA: the same values, so the same bits, without a global-memory load in the
@@ -292,13 +299,38 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
     uint8_t* blk = tok < num_tokens ? slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes,
                                                  kv ? v_pool : k_pool, status, off)
                                     : nullptr;
-    if (blk) blk[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
-    codes_s[threadIdx.x] = blk ? blk + int64_t{off} * kCode : nullptr;
+    if constexpr (kLanes) {
+      blk_s[threadIdx.x][kCode] = e;
+      tin_s[threadIdx.x] = static_cast<uint8_t>(off % 16);
+      codes_s[threadIdx.x] = blk ? blk + int64_t{off / 16} * 16 * (kCode + 1) : nullptr;
+    } else {
+      if (blk) blk[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
+      codes_s[threadIdx.x] = blk ? blk + int64_t{off} * kCode : nullptr;
+    }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < kTok * kGroups; i += blockDim.x) {
     const int tt = i / kGroups, g = i % kGroups;
-    if (uint8_t* row = codes_s[tt]) Block::quantize_group(p, y_s + tt * kRow, inv_tau_s[tt], g, goff_s[g], row);
+    if (uint8_t* row = codes_s[tt])
+      Block::quantize_group(p, y_s + tt * kRow, inv_tau_s[tt], g, goff_s[g], kLanes ? blk_s[tt] : row);
+  }
+  if constexpr (kLanes) {
+    // One thread per (token, half): the half's 16 bits from the logical block, one 16-bit store (a half holds bits
+    // of its token only, so tokens written by other launches or threads are never touched).
+    __syncthreads();
+    using L = block::Q4Lanes<D, false>;
+    using LV = block::Q4Lanes<D, true>;
+    static_assert(L::kTokenHalves == LV::kTokenHalves, "K and V tokens own as many halves");
+    for (int i = threadIdx.x; i < kTok * L::kTokenHalves; i += blockDim.x) {
+      const int tt = i / L::kTokenHalves, j = i % L::kTokenHalves;
+      uint8_t* unit = codes_s[tt];
+      if (!unit) continue;
+      const uint8_t* lb = blk_s[tt];
+      auto code_of = [&](int c) { return Block::group_code(lb + goff_s[c / 8], gbits_s[c / 8], c % 8); };
+      const int t = tin_s[tt];
+      if (kv) *reinterpret_cast<uint16_t*>(unit + LV::half_offset(t, j)) = LV::half_value_of(code_of, lb[kCode], j);
+      else *reinterpret_cast<uint16_t*>(unit + L::half_offset(t, j)) = L::half_value_of(code_of, lb[kCode], j);
+    }
   }
 }
 
@@ -360,9 +392,22 @@ __global__ void dequant_pages_q_kernel(const uint8_t* __restrict__ pool, int64_t
   const int64_t r = idx / page_size;  // page * num_kv_heads + head
   const int head = static_cast<int>(r % num_kv_heads);
   const uint8_t* block = pool + r * head_block_bytes;
-  P::template Block<D>::decode((is_v ? params.qv : params.qk).head(head, D), block + int64_t{off} * P::code_bytes(D),
-                               block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D),
-                               out + idx * D);
+  const block::QParams qp = (is_v ? params.qv : params.qk).head(head, D);
+  if constexpr (P::kFormat == Format::q4) {
+    // The lane layout: the token's halves back into its logical block (block/q4_lanes.h), then the block core.
+    const uint8_t* unit = block + int64_t{off / 16} * 16 * (P::code_bytes(D) + 1);
+    int k[D];
+    uint8_t lb[P::code_bytes(D) + 1], e = 0;
+    if (is_v) block::Q4Lanes<D, true>::load_token(unit, off % 16, k, e);
+    else block::Q4Lanes<D, false>::load_token(unit, off % 16, k, e);
+    P::template Block<D>::pack(qp, k, lb);
+    lb[P::code_bytes(D)] = e;
+    P::template Block<D>::decode(qp, lb, lb + P::code_bytes(D), out + idx * D);
+  } else {
+    P::template Block<D>::decode(qp, block + int64_t{off} * P::code_bytes(D),
+                                 block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D),
+                                 out + idx * D);
+  }
 }
 
 template <class P, int D>
@@ -418,7 +463,10 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
       KVPACK_CU_CHECK(a.params.qk.valid() && a.params.qv.valid(),
                       "write_kv: format '{}' needs its calibrated parameters (params.qk and params.qv)",
                       format_name(l.format));
-    KVPACK_CU_CHECK(P::code_bytes(l.head_dim) == l.code_bytes_per_token && P::meta_bytes(l.head_dim) == l.meta_bytes_per_token,
+    constexpr bool kLanes = P::kFormat == Format::q4;  // lane layout: codes and scale byte together
+    KVPACK_CU_CHECK(l.q4_lanes == kLanes &&
+                        P::code_bytes(l.head_dim) + (kLanes ? P::meta_bytes(l.head_dim) : 0) == l.code_bytes_per_token &&
+                        (kLanes ? 0 : P::meta_bytes(l.head_dim)) == l.meta_bytes_per_token,
                  "write_kv: layout token bytes ({} + {}) disagree with the kernel's format '{}'",
                  l.code_bytes_per_token, l.meta_bytes_per_token, format_name(l.format));
     KVPACK_DISPATCH_HEAD_DIM(l.head_dim, D, [&] {

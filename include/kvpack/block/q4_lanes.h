@@ -108,16 +108,20 @@ struct Q4Lanes {
   static KVPACK_HD constexpr int half_member(int j) { return V ? j / kWords : 2 * (j / 2 / kWords) + j % 2; }
   static KVPACK_HD constexpr int half_scale_bit(int j) { return half_member(j); }
 
-  // Half j's 16 bits from the token's codes k[D] (channel 8 i + member of group i) and its scale byte e.
-  static KVPACK_HD uint16_t half_value(const int* k, uint8_t e, int j) {
+  // Half j's 16 bits from the token's codes (code_of(c): channel c = 8 i + member of group i) and scale byte e.
+  template <class CodeOf>
+  static KVPACK_HD uint16_t half_value_of(CodeOf&& code_of, uint8_t e, int j) {
     const int word = half_word(j), mem = half_member(j);
     uint32_t h = 0;
     for (int i = 0; i < kGroups; ++i) {
       const LaneGroup g = group(i);
-      if (g.word == word) h |= (static_cast<uint32_t>(k[8 * i + mem]) & ((1u << g.w) - 1u)) << g.pos;
+      if (g.word == word) h |= (static_cast<uint32_t>(code_of(8 * i + mem)) & ((1u << g.w) - 1u)) << g.pos;
     }
     if (word == kWords - 1) h |= ((static_cast<uint32_t>(e) >> half_scale_bit(j)) & 1u) << kSparePos;
     return static_cast<uint16_t>(h);
+  }
+  static KVPACK_HD uint16_t half_value(const int* k, uint8_t e, int j) {
+    return half_value_of([&](int c) { return k[c]; }, e, j);
   }
   // The inverse: half j's codes into k[], its scale bit into e (the caller starts e at 0).
   static KVPACK_HD void half_read(uint16_t h, int j, int* k, uint8_t& e) {
