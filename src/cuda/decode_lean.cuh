@@ -1,4 +1,5 @@
-// The lean decode kernel (bench/NOTES.md v31-v32): fp8, head_dim 128, sm_90. Included by decode_fp8.cu only.
+// The lean decode kernel (bench/NOTES.md v31-v33): fp8 (head_dim 128, sm_90) and q4 (head_dim 64 and 128, sm_80+,
+// the lane layout of include/kvpack/block/q4_lanes.h). Included by decode_lean.cu only.
 //
 // One warp per (sequence, kv head, split): the warp computes the 512-token chunks split, split + S, split + 2S, ...
 // of its (sequence, kv head) alone. Every lane stages exactly the 16-byte pieces it reads itself, with cp.async into
@@ -23,14 +24,27 @@
 #include <cstdlib>
 #include <cuda_fp8.h>
 
+#include "kvpack/block/q4_lanes.h"
+
 namespace kvpack::cuda_detail {
 
 constexpr int kLeanWarps = 4;    // warps per CTA (independent; the CTA only shares the SM's shared memory)
 constexpr int kLeanStages = 3;   // ring depth in 32-token steps
 constexpr int kLeanStepTok = 32; // tokens per step: two 16-token units
-constexpr int kLeanPieces = 16;  // 16-byte pieces per lane and step: 2 units x (4 K + 4 V)
-constexpr int kLeanStageBytes = kLeanPieces * 32 * 16;  // per warp
-constexpr size_t kLeanSmem = size_t(kLeanStages) * kLeanStageBytes * kLeanWarps;
+// Per format: 16-byte pieces per lane and 16-token unit, K and V (fp8: 2 tokens x 32 channels or 16 channels x 4
+// tokens = 64 bytes; q4: D/4 bytes), the ring, and q4's extra shared memory (the 256 scales tau(e) and 8 heads' x 3
+// query constants; the query preparation itself borrows the rings before the first copy).
+template <int D, bool Q4>
+struct LeanGeo {
+  static constexpr int kKP = Q4 ? D / 64 : 4, kVP = kKP;
+  static constexpr int kPieces = 2 * (kKP + kVP);             // per lane and step
+  static constexpr int kStageBytes = kPieces * 32 * 16;        // per warp
+  static constexpr size_t kRingBytes = size_t(kLeanStages) * kStageBytes * kLeanWarps;
+  static constexpr int kLeafVals = 4 * (D / 16) + (Q4 ? 6 : 4);  // a leaf's per-lane state: O, m, l (q4: + L_tau)
+  static constexpr size_t kSmem = kRingBytes + (Q4 ? (256 + 8 * 4) * sizeof(float) : 0);
+  static_assert(size_t(2) * kLeafVals * 32 * 4 <= size_t(kLeanStages) * kStageBytes, "leaves fit a warp's ring");
+  static_assert(!Q4 || kRingBytes >= (2 * 8 * D) * sizeof(float) + 8 * D * 2, "query preparation fits the rings");
+};
 
 __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
   uint32_t y;
@@ -59,20 +73,64 @@ __device__ __forceinline__ uint32_t lean_prmt(uint32_t a, uint32_t b, uint32_t s
   return d;
 }
 
+// q4: the half2 of group i (members of a K token, or two tokens of a V member) from a lane's words w and w >> 6:
+// one AND; the codes read as f16 subnormals code * 2^(pos' - 24) (block/q4_lanes.h). i is a constant after the
+// callers' unrolling, so the word and the mask are too.
+template <class L>
+__device__ __forceinline__ uint32_t lean_q4_pair(const uint32_t (&w)[L::kWords], const uint32_t (&ws)[L::kWords], int i) {
+  const block::LaneGroup g = L::group(i);
+  const int pos = L::shifted(i) ? g.pos - 6 : g.pos;
+  const uint32_t m = ((1u << g.w) - 1u) << pos;
+  return (L::shifted(i) ? ws[g.word] : w[g.word]) & (m | (m << 16));
+}
+// q4 V: the scale byte of the token whose bits sit at lanes 4 g' + qq (g' = 0..7) of ballot mask `bal`.
+__device__ __forceinline__ uint32_t lean_ballot_byte(uint32_t bal, int qq) {
+  uint32_t x = (bal >> qq) & 0x11111111u;
+  x = (x | (x >> 3)) & 0x03030303u;
+  x = (x | (x >> 6)) & 0x000f000fu;
+  return (x | (x >> 12)) & 0xffu;
+}
+// q4: one lane's 4 words of a unit piece (D = 128: all of one token / pair) or 2 + 2 (D = 64: both).
+template <int W>
+__device__ __forceinline__ void lean_q4_words(uint32_t st, uint32_t (&a)[W], uint32_t (&b)[W]) {
+  uint32_t x, y, z, t;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(x), "=r"(y), "=r"(z), "=r"(t) : "r"(st));
+  if constexpr (W == 2) {
+    a[0] = x, a[1] = y, b[0] = z, b[1] = t;
+  } else {
+    a[0] = x, a[1] = y, a[2] = z, a[3] = t;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(st + 32 * 16));
+  }
+}
+
 // splits >= 1: warp mode, grid (ceil(H * splits / kLeanWarps), batch): warp -> (kv head, split), chunks split,
 // split + splits, ... of its sequence. splits == 0: leaf mode (small problems), grid (H * max_chunks, batch): CTA ->
 // (kv head, chunk); warp w computes leaves 2w and 2w + 1 of the chunk, and warp 0 folds the 8 leaves in order with
 // the same per-lane arithmetic as warp mode, so both modes give the same bits.
-__global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeKernelParams p, int splits, int krows) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int D = 128;
+//
+// q4 (Q4 = true): the codes are f16 subnormals after one AND (block/q4_lanes.h), so the query fragment of channel c
+// carries q'_c 2^(24 - pos'_c) 2^E (q' = s * (G^T q), pos' the code's bit position as read, E a power of two per
+// head) and a score is tau_K (acc 2^-E - q'.o) + q.mu, tau_K from the token's scale byte (its bits gathered from the
+// quad); P.V multiplies each probability by tau_V (scale bits gathered by ballots) and accumulates L_tau = sum of those
+// f16 weights, and at a chunk's end the accumulators become sum_t p_t tau_t (k_t - o) (x 2^(24 - pos'), minus o
+// L_tau), which lean_merge_q_kernel turns into mu + G (s * .) and folds with the sink tokens. Positions below the
+// sequence's sink count are masked (the merge adds them exactly). The query preparation runs once per CTA (its 4 warps
+// share the (sequence, kv head): warp mode keeps the splits a multiple of 4).
+template <int D, bool Q4>
+__global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900 || (Q4 && __CUDA_ARCH__ >= 800))
+  using Geo = LeanGeo<D, Q4>;
+  using LK = block::Q4Lanes<D, false>;
+  using LV = block::Q4Lanes<D, true>;
+  constexpr int kKB = D / 16;  // k-blocks of the scores, m-tiles of P.V
+  constexpr int kLeanStageBytes = Geo::kStageBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int H = p.num_kv_heads;
   // Grid (ceil(H * splits / kLeanWarps), batch): it depends on the plan only, never on the lengths.
   const bool leaf_mode = splits == 0;
   const int b = blockIdx.y, local = blockIdx.x * kLeanWarps + warp;
-  if (!leaf_mode && local >= H * splits) return;
+  if (!Q4 && !leaf_mode && local >= H * splits) return;  // q4: the grid has no spare warps (splits % 4 == 0)
   const int h = leaf_mode ? static_cast<int>(blockIdx.x % H) : local / splits;
   const int split = leaf_mode ? static_cast<int>(blockIdx.x / H) : local % splits;  // leaf mode: the chunk
 
@@ -92,13 +150,18 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     len = p.max_context;
   }
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
-  if (split >= n_chunks) return;  // leaf mode: the whole CTA (its chunk index), before any barrier
+  if (!Q4 && split >= n_chunks) return;  // leaf mode: the whole CTA (its chunk index), before any barrier
 
   // ---- the query: lane (g, q) holds head g's channels base(kb) .. base(kb) + 3 for the 8 k-blocks, base(kb) =
   // 16q + 4kb (kb < 4) or 64 + 16q + 4(kb - 4), as f16: the bf16 value times a power of two per head (largest |value|
   // in [2^13, 2^14)), which is exact; the softmax scale, log2 e, the format's K scale and the power of two are applied
   // to the fp32 score. Heads >= group are zero (the n8 tile's padding).
-  uint32_t qb[8][2];
+  uint32_t qb[kKB][2];
+  float qe0 = 0.f, qe1 = 0.f;                  // fp8: the score factors of heads 2q, 2q + 1
+  float un0 = 0.f, un1 = 0.f, qo0 = 0.f, qo1 = 0.f, cz0 = 0.f, cz1 = 0.f;  // q4: 2^-E, q'.o, q.mu of heads 2q, 2q + 1
+  int n_sink = 0;
+  const float* tau_s = reinterpret_cast<const float*>(smem + Geo::kRingBytes);
+  if constexpr (!Q4) {
   float qe_lane;  // the score factor of head g
   {
     float v[32];
@@ -132,7 +195,97 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     }
   }
   // This lane's score columns are heads 2q and 2q + 1: their unscale factors live in lanes g = 2q, 2q + 1.
-  const float qe0 = __shfl_sync(0xffffffffu, qe_lane, (2 * q) * 4), qe1 = __shfl_sync(0xffffffffu, qe_lane, (2 * q + 1) * 4);
+  qe0 = __shfl_sync(0xffffffffu, qe_lane, (2 * q) * 4), qe1 = __shfl_sync(0xffffffffu, qe_lane, (2 * q + 1) * 4);
+  } else {
+    // ---- q4: the CTA prepares its kv head's query once (all 4 warps, the rings still unused) ----
+    const int tid = threadIdx.x;
+    float* q_s = reinterpret_cast<float*>(smem);  // [8][D] q * qk_scale_log2 (heads >= group: 0)
+    float* t_s = q_s + 8 * D;                      // [8][D] q'_c 2^(24 - pos'_c)
+    __half* hq_s = reinterpret_cast<__half*>(t_s + 8 * D);  // [8][D] the f16 fragments' values
+    float* tau_w = reinterpret_cast<float*>(smem + Geo::kRingBytes);
+    float* hc_s = tau_w + 256;  // [8][4]: 2^-E, q'.o, q.mu
+    for (int i = tid; i < 256; i += kLeanWarps * 32) tau_w[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
+    // Per K group: the power of two 24 - pos' of its codes as read, and its zero point o = (2^w - 1) / 2 (compile-time
+    // constants, staged so the column loops below index them at run time without a local copy of the pattern).
+    __shared__ int kexp_s[D / 8];
+    __shared__ float koff_s[D / 8];
+    if (tid == 0) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        kexp_s[i] = 24 - LK::group(i).pos + (LK::shifted(i) ? 6 : 0);
+        koff_s[i] = 0.5f * static_cast<float>((1 << LK::bits(i)) - 1);
+      }
+    }
+    for (int i = tid; i < 8 * D; i += kLeanWarps * 32) {
+      const int hg = i / D, r = i % D;
+      q_s[i] = hg < p.group ? bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + h * p.group + hg) * D + r]) * p.qk_scale_log2
+                            : 0.f;
+    }
+    __syncthreads();
+    const block::QParams kq = p.fp.qk.head(h, D);
+    for (int c = tid; c < D; c += kLeanWarps * 32) {
+      float a[8];
+#pragma unroll
+      for (int hg = 0; hg < 8; ++hg) a[hg] = 0.f;
+#pragma unroll 4
+      for (int r = 0; r < D; ++r) {
+        const float gv = __ldg(kq.inv + r * D + c);
+#pragma unroll
+        for (int hg = 0; hg < 8; ++hg) a[hg] = fmaf(gv, q_s[hg * D + r], a[hg]);
+      }
+      const float up = ldexpf(__ldg(kq.step + c), kexp_s[c / 8]);
+#pragma unroll
+      for (int hg = 0; hg < 8; ++hg) t_s[hg * D + c] = a[hg] * up;
+    }
+    if (tid < 8) {  // q . mu, in order over r
+      float a = 0.f;
+      for (int r = 0; r < D; ++r) a = fmaf(q_s[tid * D + r], __ldg(kq.mean + r), a);
+      hc_s[tid * 4 + 2] = a;
+    }
+    __syncthreads();
+    for (int hg = warp; hg < 8; hg += kLeanWarps) {
+      // 2^E puts the head's largest |value| in [2^13, 2^14); q'.o from the rounded f16 values (what the mma uses),
+      // per lane over its channels in order, then a fixed shuffle tree.
+      float mx = 0.f;
+      for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(t_s[hg * D + c]));
+#pragma unroll
+      for (int x = 16; x >= 1; x /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+      int e = 0;
+      if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
+      const int E = mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
+      float qo = 0.f;
+      for (int c = lane; c < D; c += 32) {
+        const __half hv = __float2half_rn(ldexpf(t_s[hg * D + c], E));
+        hq_s[hg * D + c] = hv;
+        qo = fmaf(__half2float(hv) * ldexpf(1.f, -kexp_s[c / 8] - E), koff_s[c / 8], qo);
+      }
+#pragma unroll
+      for (int x = 16; x >= 1; x /= 2) qo += __shfl_xor_sync(0xffffffffu, qo, x);
+      if (lane == 0) {
+        hc_s[hg * 4 + 0] = ldexpf(1.f, -E);
+        hc_s[hg * 4 + 1] = qo;
+      }
+    }
+    __syncthreads();
+    // Lane (g, q): head g's fragments; k-block kb = groups 2 kb (b0) and 2 kb + 1 (b1), members 2q, 2q + 1.
+    auto h2 = [&](int hg, int c) {
+      const __half2 v = __halves2half2(hq_s[hg * D + c], hq_s[hg * D + c + 1]);
+      return *reinterpret_cast<const uint32_t*>(&v);
+    };
+#pragma unroll
+    for (int kb = 0; kb < kKB; ++kb) {
+      qb[kb][0] = h2(g, 8 * (2 * kb) + 2 * q);
+      qb[kb][1] = h2(g, 8 * (2 * kb + 1) + 2 * q);
+    }
+    un0 = hc_s[(2 * q) * 4 + 0], qo0 = hc_s[(2 * q) * 4 + 1], cz0 = hc_s[(2 * q) * 4 + 2];
+    un1 = hc_s[(2 * q + 1) * 4 + 0], qo1 = hc_s[(2 * q + 1) * 4 + 1], cz1 = hc_s[(2 * q + 1) * 4 + 2];
+    __syncthreads();  // the rings are the copies' from here on
+    if (split >= n_chunks) return;  // after every barrier of the CTA
+    if (p.sink_tokens > 0 && p.sink_rows) {
+      const int64_t sr = p.sink_rows[b];
+      if (sr >= 0 && sr < p.num_sink_rows) n_sink = len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens;
+    }
+  }
 
   const uint32_t ring =
       static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * kLeanStages * kLeanStageBytes + lane * 16;
@@ -177,9 +330,21 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
           bad_page = true;
           page = 0;
         }
-        const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * D;
+        // fp8: token-major rows of D bytes; q4: units of 8 D bytes (D / 2 per token).
+        const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * (Q4 ? D / 2 : D);
         const uint8_t* kb = k_head + unit_off;
         const uint8_t* vb = v_head + unit_off;
+        if constexpr (Q4) {
+          // Lane layout: piece pc of every lane is 512 contiguous bytes. Tokens past the sequence's end are read as
+          // they are (codes are always finite; their scores are masked, their weights 0), so no bounds.
+          const uint32_t su = st + u * (Geo::kKP + Geo::kVP) * 32 * 16;
+#pragma unroll
+          for (int pc = 0; pc < Geo::kKP; ++pc) lean_cp16_full(su + pc * 32 * 16, kb + (pc * 32 + lane) * 16);
+#pragma unroll
+          for (int pc = 0; pc < Geo::kVP; ++pc)
+            lean_cp16_full(su + (Geo::kKP + pc) * 32 * 16, vb + (pc * 32 + lane) * 16);
+          continue;
+        }
         if (rem >= 16) {
           // A whole unit (every step but the sequence's last): no bounds, per-lane offsets fixed, piece offsets
           // immediate.
@@ -233,19 +398,22 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
   };
 
   // Leaf (current 64 tokens) state and chunk accumulator; per lane: heads 2q, 2q + 1; rows / channels as above.
-  float o[8][4], co[8][4];
+  float o[kKB][4], co[kKB][4];
   float m0, m1, l0, l1, cm0, cm1, cl0, cl1;
+  float t0s = 0.f, t1s = 0.f, ct0 = 0.f, ct1 = 0.f;  // q4: L_tau of the leaf and of the chunk, heads 2q, 2q + 1
   auto reset_leaf = [&] {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < kKB; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     m0 = m1 = -INFINITY;
     l0 = l1 = 0.f;
+    t0s = t1s = 0.f;
   };
   auto reset_chunk = [&] {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) co[i][0] = co[i][1] = co[i][2] = co[i][3] = 0.f;
+    for (int i = 0; i < kKB; ++i) co[i][0] = co[i][1] = co[i][2] = co[i][3] = 0.f;
     cm0 = cm1 = -INFINITY;
     cl0 = cl1 = 0.f;
+    ct0 = ct1 = 0.f;
   };
   // acc = merge(acc, leaf); fixed arithmetic (explicit fmaf / mul).
   auto fold_leaf = [&] {
@@ -253,7 +421,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     const float r0 = n0 == -INFINITY ? 0.f : n0, r1 = n1 == -INFINITY ? 0.f : n1;
     const float a0 = lean_ex2(cm0 - r0), a1 = lean_ex2(cm1 - r1), e0 = lean_ex2(m0 - r0), e1 = lean_ex2(m1 - r1);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < kKB; ++i) {
       co[i][0] = fmaf(co[i][0], a0, __fmul_rn(o[i][0], e0));
       co[i][1] = fmaf(co[i][1], a1, __fmul_rn(o[i][1], e1));
       co[i][2] = fmaf(co[i][2], a0, __fmul_rn(o[i][2], e0));
@@ -261,6 +429,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     }
     cl0 = fmaf(cl0, a0, __fmul_rn(l0, e0));
     cl1 = fmaf(cl1, a1, __fmul_rn(l1, e1));
+    if constexpr (Q4) {
+      ct0 = fmaf(ct0, a0, __fmul_rn(t0s, e0));
+      ct1 = fmaf(ct1, a1, __fmul_rn(t1s, e1));
+    }
     cm0 = n0;
     cm1 = n1;
   };
@@ -271,6 +443,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     for (int x = 4; x < 32; x <<= 1) {
       cl0 += __shfl_xor_sync(0xffffffffu, cl0, x);
       cl1 += __shfl_xor_sync(0xffffffffu, cl1, x);
+      if constexpr (Q4) {
+        ct0 += __shfl_xor_sync(0xffffffffu, ct0, x);
+        ct1 += __shfl_xor_sync(0xffffffffu, ct1, x);
+      }
     }
     const int64_t slot = ws_base + c;
     float2* ml = p.ws_ml + slot * p.group;
@@ -279,6 +455,21 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     if (g == 0) {
       if (h0 < p.group) __stcg(ml + h0, make_float2(cm0, cl0));
       if (h1 < p.group) __stcg(ml + h1, make_float2(cm1, cl1));
+    }
+    if constexpr (Q4) {
+      // Accumulator (group i = 2 mb (+1), member g) -> sum_t p_t tau_t (k - o): x 2^(24 - pos'_i) - o_i L_tau.
+#pragma unroll
+      for (int mb = 0; mb < kKB; ++mb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int gi = 2 * mb + e;
+          const float up = ldexpf(1.f, 24 - LV::group(gi).pos + (LV::shifted(gi) ? 6 : 0));
+          const float off = 0.5f * static_cast<float>((1 << LV::bits(gi)) - 1);
+          const int ch = 8 * gi + g;
+          if (h0 < p.group) __stcg(acc + h0 * D + ch, fmaf(co[mb][2 * e], up, -off * ct0));
+          if (h1 < p.group) __stcg(acc + h1 * D + ch, fmaf(co[mb][2 * e + 1], up, -off * ct1));
+        }
+      return;
     }
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb) {
@@ -308,6 +499,34 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
     float sc[2][4];
     // ---- scores of the step's two units ----
+    if constexpr (Q4) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        constexpr int W = LK::kWords;
+        uint32_t k0[W], k8[W], s0[W], s8[W];  // tokens g and g + 8, and their words >> 6
+        lean_q4_words<W>(st + (u * (Geo::kKP + Geo::kVP)) * 32 * 16, k0, k8);
+#pragma unroll
+        for (int w = 0; w < W; ++w) s0[w] = k0[w] >> 6, s8[w] = k8[w] >> 6;
+        // The scale bytes of tokens g and g + 8: bits 2q, 2q + 1 in this lane's last words (bits 15, 31), OR-ed
+        // over the quad.
+        const uint32_t la = k0[W - 1], lb = k8[W - 1];
+        uint32_t sv = ((((la >> 15) & 1u) | ((la >> 30) & 2u)) << (2 * q)) | ((((lb >> 15) & 1u) | ((lb >> 30) & 2u)) << (2 * q + 8));
+        sv |= __shfl_xor_sync(0xffffffffu, sv, 1);
+        sv |= __shfl_xor_sync(0xffffffffu, sv, 2);
+        const float tk0 = tau_s[sv & 0xffu], tk8 = tau_s[(sv >> 8) & 0xffu];
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kb = 0; kb < kKB; ++kb)  // groups 2 kb (a0: token g, a1: token g + 8) and 2 kb + 1 (a2, a3)
+          mma_f16_full(c, lean_q4_pair<LK>(k0, s0, 2 * kb), lean_q4_pair<LK>(k8, s8, 2 * kb),
+                       lean_q4_pair<LK>(k0, s0, 2 * kb + 1), lean_q4_pair<LK>(k8, s8, 2 * kb + 1), qb[kb][0], qb[kb][1]);
+        const int64_t ta = t0 + 16 * u + g;
+        const bool v0 = ta < len && ta >= n_sink, v8 = ta + 8 < len && ta + 8 >= n_sink;
+        sc[u][0] = v0 ? fmaf(tk0, fmaf(c[0], un0, -qo0), cz0) : -INFINITY;
+        sc[u][1] = v0 ? fmaf(tk0, fmaf(c[1], un1, -qo1), cz1) : -INFINITY;
+        sc[u][2] = v8 ? fmaf(tk8, fmaf(c[2], un0, -qo0), cz0) : -INFINITY;
+        sc[u][3] = v8 ? fmaf(tk8, fmaf(c[3], un1, -qo1), cz1) : -INFINITY;
+      }
+    } else
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       uint32_t kw[16];  // [token g: 8 words][token g + 8: 8 words]
@@ -341,14 +560,47 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
     m1 = mx1;
     l0 *= al0;
     l1 *= al1;
+    if constexpr (Q4) {
+      t0s *= al0;
+      t1s *= al1;
+    }
 #pragma unroll
-    for (int mb = 0; mb < 8; ++mb) {
+    for (int mb = 0; mb < kKB; ++mb) {
       o[mb][0] *= al0;
       o[mb][1] *= al1;
       o[mb][2] *= al0;
       o[mb][3] *= al1;
     }
     // ---- P.V ----
+    if constexpr (Q4) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        constexpr int W = LV::kWords;
+        uint32_t v0[W], v1[W], t0w[W], t1w[W];  // pairs (2q, 2q + 1) and (8 + 2q, 9 + 2q), and their words >> 6
+        lean_q4_words<W>(st + (u * (Geo::kKP + Geo::kVP) + Geo::kKP) * 32 * 16, v0, v1);
+#pragma unroll
+        for (int w = 0; w < W; ++w) t0w[w] = v0[w] >> 6, t1w[w] = v1[w] >> 6;
+        // V scale bytes: bit g' of token 2q' (+1, +8, +9) is bit 15 / 31 of lane (g', q')'s last word of that pair.
+        const uint32_t la = v0[W - 1], lb = v1[W - 1];
+        const uint32_t B0 = __ballot_sync(0xffffffffu, (la >> 15) & 1u), B1 = __ballot_sync(0xffffffffu, la >> 31);
+        const uint32_t B2 = __ballot_sync(0xffffffffu, (lb >> 15) & 1u), B3 = __ballot_sync(0xffffffffu, lb >> 31);
+        const float tv0 = tau_s[lean_ballot_byte(g & 1 ? B1 : B0, g >> 1)];
+        const float tv8 = tau_s[lean_ballot_byte(g & 1 ? B3 : B2, g >> 1)];
+        const float p0 = lean_ex2(sc[u][0] - r0), p1 = lean_ex2(sc[u][1] - r1);
+        const float p2 = lean_ex2(sc[u][2] - r0), p3 = lean_ex2(sc[u][3] - r1);
+        l0 += p0 + p2;
+        l1 += p1 + p3;
+        const __half2 h01 = __floats2half2_rn(p0 * tv0, p1 * tv0), h23 = __floats2half2_rn(p2 * tv8, p3 * tv8);
+        t0s += __low2float(h01) + __low2float(h23);  // L_tau: the weights exactly as the mma uses them
+        t1s += __high2float(h01) + __high2float(h23);
+        const uint32_t b0 = lean_trans(*reinterpret_cast<const uint32_t*>(&h01));
+        const uint32_t b1 = lean_trans(*reinterpret_cast<const uint32_t*>(&h23));
+#pragma unroll
+        for (int mb = 0; mb < kKB; ++mb)  // rows g (group 2 mb), g + 8 (group 2 mb + 1); pair 0 (a0, a1), pair 1 (a2, a3)
+          mma_f16_full(o[mb], lean_q4_pair<LV>(v0, t0w, 2 * mb), lean_q4_pair<LV>(v0, t0w, 2 * mb + 1),
+                       lean_q4_pair<LV>(v1, t1w, 2 * mb), lean_q4_pair<LV>(v1, t1w, 2 * mb + 1), b0, b1);
+      }
+    } else
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const float p0 = lean_ex2(sc[u][0] - r0), p1 = lean_ex2(sc[u][1] - r1);
@@ -382,10 +634,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
       // Leaf 2w ends at i = 1 (or where the sequence ends): kept in the chunk registers; leaf 2w + 1 stays in o.
       if (i <= 1 && (i == 1 || last)) {
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb)
+        for (int mb = 0; mb < kKB; ++mb)
 #pragma unroll
           for (int e = 0; e < 4; ++e) co[mb][e] = o[mb][e];
         cm0 = m0, cm1 = m1, cl0 = l0, cl1 = l1;
+        ct0 = t0s, ct1 = t1s;
         reset_leaf();
       }
       continue;
@@ -404,21 +657,27 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
   asm volatile("cp.async.wait_group 0;\n" ::);
   if (bad_page && p.status) atomicOr(p.status, 1);
   if (leaf_mode) {
-    // Each warp's two leaves into its own (drained) ring, [leaf][36 values][lane]; then warp 0 folds leaves 0..7.
+    // Each warp's two leaves into its own (drained) ring, [leaf][kLeafVals values][lane]; then warp 0 folds leaves
+    // 0..7.
+    constexpr int NV = Geo::kLeafVals, NO = 4 * kKB;
     __syncwarp();  // every lane's copies have landed before any lane overwrites the ring
     float* lw = reinterpret_cast<float*>(smem + size_t(warp) * kLeanStages * kLeanStageBytes);
-    auto put = [&](int j, const float (&oo)[8][4], float a0, float a1, float b0, float b1) {
+    auto put = [&](int j, const float (&oo)[kKB][4], float a0, float a1, float b0, float b1, float c0, float c1) {
 #pragma unroll
-      for (int mb = 0; mb < 8; ++mb)
+      for (int mb = 0; mb < kKB; ++mb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) lw[(j * 36 + 4 * mb + e) * 32 + lane] = oo[mb][e];
-      lw[(j * 36 + 32) * 32 + lane] = a0;
-      lw[(j * 36 + 33) * 32 + lane] = a1;
-      lw[(j * 36 + 34) * 32 + lane] = b0;
-      lw[(j * 36 + 35) * 32 + lane] = b1;
+        for (int e = 0; e < 4; ++e) lw[(j * NV + 4 * mb + e) * 32 + lane] = oo[mb][e];
+      lw[(j * NV + NO) * 32 + lane] = a0;
+      lw[(j * NV + NO + 1) * 32 + lane] = a1;
+      lw[(j * NV + NO + 2) * 32 + lane] = b0;
+      lw[(j * NV + NO + 3) * 32 + lane] = b1;
+      if constexpr (Q4) {
+        lw[(j * NV + NO + 4) * 32 + lane] = c0;
+        lw[(j * NV + NO + 5) * 32 + lane] = c1;
+      }
     };
-    put(0, co, cm0, cm1, cl0, cl1);
-    put(1, o, m0, m1, l0, l1);
+    put(0, co, cm0, cm1, cl0, cl1, ct0, ct1);
+    put(1, o, m0, m1, l0, l1, t0s, t1s);
     __syncthreads();
     if (warp != 0) return;
     reset_chunk();
@@ -427,13 +686,17 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
       const float* src = reinterpret_cast<const float*>(smem + size_t(leaf / 2) * kLeanStages * kLeanStageBytes);
       const int j = leaf % 2;
 #pragma unroll
-      for (int mb = 0; mb < 8; ++mb)
+      for (int mb = 0; mb < kKB; ++mb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[mb][e] = src[(j * 36 + 4 * mb + e) * 32 + lane];
-      m0 = src[(j * 36 + 32) * 32 + lane];
-      m1 = src[(j * 36 + 33) * 32 + lane];
-      l0 = src[(j * 36 + 34) * 32 + lane];
-      l1 = src[(j * 36 + 35) * 32 + lane];
+        for (int e = 0; e < 4; ++e) o[mb][e] = src[(j * NV + 4 * mb + e) * 32 + lane];
+      m0 = src[(j * NV + NO) * 32 + lane];
+      m1 = src[(j * NV + NO + 1) * 32 + lane];
+      l0 = src[(j * NV + NO + 2) * 32 + lane];
+      l1 = src[(j * NV + NO + 3) * 32 + lane];
+      if constexpr (Q4) {
+        t0s = src[(j * NV + NO + 4) * 32 + lane];
+        t1s = src[(j * NV + NO + 5) * 32 + lane];
+      }
       // Leaves past the sequence's end (all heads -inf) are skipped, as warp mode never reaches them.
       if (m0 == -INFINITY && m1 == -INFINITY) continue;
       fold_leaf();
@@ -445,8 +708,12 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_fp8_kernel(const DecodeK
 
 // One CTA (one thread per channel) per (sequence, kv head, query head of the group): fold the chunk partials with the fixed two-level tree (chunks
 // 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one group), then the output.
-__global__ void __launch_bounds__(128) lean_merge_kernel(const DecodeKernelParams p) {
-  constexpr int D = 128;
+//
+// q4: the folded sum is sum_t p_t tau_t (k_t - o) per channel (the kernel's chunk ends convert it), so the output
+// is (mu L + G (s * O)) / L with the sink tokens (exact bf16) folded in by log-sum-exp, as the regular kernel's
+// epilogue does; fixed orders throughout.
+template <int D, bool Q4>
+__global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams p) {
   const int b = blockIdx.y, h = blockIdx.x, H = p.num_kv_heads;
   int64_t len;
   if (p.table.row_start) {
@@ -493,9 +760,54 @@ __global__ void __launch_bounds__(128) lean_merge_kernel(const DecodeKernelParam
       }
     }
     const int qh = h * p.group + hg;
-    p.out[(int64_t{b} * p.num_qo_heads + qh) * D + i % D] = f32_to_bf16(n_chunks > 0 ? O / L * os : 0.f);
-    if (p.lse && i % D == 0)
-      p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (M + log2f(L)) * 0.69314718055994530942f : -INFINITY;
+    if constexpr (!Q4) {
+      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + i % D] = f32_to_bf16(n_chunks > 0 ? O / L * os : 0.f);
+      if (p.lse && i % D == 0)
+        p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (M + log2f(L)) * 0.69314718055994530942f : -INFINITY;
+    } else {
+      __shared__ float o_s[D], q_s[D], ssc_s[kSinkTokens];
+      const int r = threadIdx.x;
+      const block::QParams vq = p.fp.qv.head(h, D);
+      o_s[r] = O * __ldg(vq.step + r);
+      q_s[r] = bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + qh) * D + r]) * p.qk_scale_log2;
+      int n_sink = 0;
+      int64_t sink_row = 0;
+      if (p.sink_tokens > 0 && p.sink_rows) {
+        sink_row = p.sink_rows[b];
+        if (sink_row >= 0 && sink_row < p.num_sink_rows) n_sink = len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens;
+        else if (sink_row >= p.num_sink_rows && h == 0 && hg == 0 && r == 0 && p.status) atomicOr(p.status, 4);
+      }
+      const int64_t sink_base = sink_row * p.sink_tokens;
+      __syncthreads();
+      if (r < kSinkTokens) {  // sink scores, in order over d
+        float a = -INFINITY;
+        if (r < n_sink) {
+          const uint16_t* ks = p.k_sinks + ((sink_base + r) * H + h) * D;
+          a = 0.f;
+          for (int d = 0; d < D; ++d) a = fmaf(q_s[d], bf16_to_f32(ks[d]), a);
+        }
+        ssc_s[r] = a;
+      }
+      __syncthreads();
+      // Row r of G: mu_r L + sum_c G[r][c] o_s[c], in order over c.
+      float u = __ldg(vq.mean + r) * L;
+      const float* grow = vq.inv + r * D;
+#pragma unroll 8
+      for (int c = 0; c < D; ++c) u = fmaf(__ldg(grow + c), o_s[c], u);
+      float mt = M;
+      for (int j = 0; j < n_sink; ++j) mt = fmaxf(mt, ssc_s[j]);
+      const float mr = mt == -INFINITY ? 0.f : mt;
+      const float f = exp2f(M - mr);
+      float lt = L * f, ut = u * f;
+      for (int j = 0; j < n_sink; ++j) {
+        const float e = exp2f(ssc_s[j] - mr);
+        lt += e;
+        ut = fmaf(e, bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + r]), ut);
+      }
+      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? ut / lt : 0.f);
+      if (p.lse && r == 0)
+        p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (mt + log2f(lt)) * 0.69314718055994530942f : -INFINITY;
+    }
   }
 }
 
@@ -517,23 +829,39 @@ inline bool lean_fp8_applies(int head_dim) {
   return head_dim == 128 && cc >= 9 && !std::getenv("KVPACK_NO_LEAN");
 }
 
-inline void launch_lean_fp8(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
+// q4 always takes the lean kernel (its lane layout has no other reader): every head dim, sm_80 and later.
+inline bool lean_q4_applies() {
+  static const int cc = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return major;
+  }();
+  return cc >= 8;
+}
+
+template <int D, bool Q4>
+inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
+  using Geo = LeanGeo<D, Q4>;
   static std::once_flag once;
   std::call_once(once, [] {
-    cudaFuncSetAttribute(lean_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kLeanSmem));
+    cudaFuncSetAttribute(lean_kernel<D, Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Geo::kSmem));
     cudaGetLastError();
   });
   // Leaf mode when one warp per chunk would give fewer than two waves of 8 warps per SM (the choice depends on the
   // plan only and both modes give the same bits).
   const bool leaf = int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
-  const int splits = leaf ? 0 : lean_splits(kp);
+  // q4: a CTA's 4 warps share one (sequence, kv head) (its query preparation): splits a multiple of 4.
+  const int splits = leaf ? 0 : Q4 ? (lean_splits(kp) + kLeanWarps - 1) / kLeanWarps * kLeanWarps : lean_splits(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;
   dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
                  : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
             batch);
   static const int krows = std::getenv("KVPACK_LEAN_KROWS") ? std::atoi(std::getenv("KVPACK_LEAN_KROWS")) : 0;
-  lean_fp8_kernel<<<grid, kLeanWarps * 32, kLeanSmem, stream>>>(kp, splits, krows);
-  lean_merge_kernel<<<dim3(kp.num_kv_heads, batch, kp.group), 128, 0, stream>>>(kp);
+  lean_kernel<D, Q4><<<grid, kLeanWarps * 32, Geo::kSmem, stream>>>(kp, splits, krows);
+  lean_merge_kernel<D, Q4><<<dim3(kp.num_kv_heads, batch, kp.group), D, 0, stream>>>(kp);
 }
 
 }  // namespace kvpack::cuda_detail
