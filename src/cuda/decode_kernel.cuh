@@ -109,6 +109,33 @@ struct DecodeKernelParams {
   int sink_tokens;           // 0 for formats without sinks
 };
 
+// Sequence b's length, read on the device (the grid never depends on it), clamped to [0, max_context] (`over`: it
+// was longer), and its page-table row. Every decode kernel reads the page table through this.
+__device__ __forceinline__ int64_t seq_len_of(const DecodeKernelParams& p, int b, int64_t& row, bool& over) {
+  int64_t len;
+  if (p.table.row_start) {
+    const int r0 = p.table.row_start[b], r1 = p.table.row_start[b + 1];
+    row = r0;
+    len = p.table.seq_lens ? p.table.seq_lens[b]
+                           : (r1 - r0 <= 0 ? 0 : int64_t(r1 - r0 - 1) * p.page_size + p.table.last_page_len[b]);
+  } else {
+    row = int64_t{b} * p.table.row_stride;
+    len = p.table.seq_lens[b];
+  }
+  over = len > p.max_context;
+  return len < 0 ? 0 : over ? p.max_context : len;
+}
+// Attention sinks of sequence b (len tokens): how many of its first positions come from the exact bf16 sink pool
+// (0 without a sink row), its sink row, and `bad`: a row outside the pool (status bit 2).
+__device__ __forceinline__ int sink_count(const DecodeKernelParams& p, int b, int64_t len, int64_t& sink_row, bool& bad) {
+  sink_row = 0;
+  bad = false;
+  if (p.sink_tokens <= 0 || !p.sink_rows) return 0;
+  sink_row = p.sink_rows[b];
+  bad = sink_row >= p.num_sink_rows;
+  return sink_row >= 0 && !bad ? (len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens) : 0;
+}
+
 // Per-thread octet state of a format: the q formats' group offset and width (OctetCtx), nothing for the others.
 template <class P, bool = P::kQ>
 struct CtxOf {
@@ -312,35 +339,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int H = p.num_kv_heads;
 
-  // Sequence length and page-table row, read on the device (the grid never depends on them).
-  int64_t len, row;
-  if (p.table.row_start) {
-    const int r0 = p.table.row_start[b], r1 = p.table.row_start[b + 1];
-    row = r0;
-    len = p.table.seq_lens ? p.table.seq_lens[b]
-                           : (r1 - r0 <= 0 ? 0 : int64_t(r1 - r0 - 1) * p.page_size + p.table.last_page_len[b]);
-  } else {
-    row = int64_t{b} * p.table.row_stride;
-    len = p.table.seq_lens[b];
-  }
-  if (len < 0) len = 0;
-  if (len > p.max_context) {
-    if (split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 2);
-    len = p.max_context;
-  }
+  int64_t row;
+  bool over, bad_sink;
+  const int64_t len = seq_len_of(p, b, row, over);
+  if (over && split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 2);
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
   // Attention sinks: positions < n_sink come from the exact bf16 sink pool (folded in by the merging CTA) and are
   // masked out of the chunks.
-  int n_sink = 0;
-  int64_t sink_row = 0;
-  if (p.sink_tokens > 0 && p.sink_rows) {
-    sink_row = p.sink_rows[b];
-    if (sink_row >= 0 && sink_row < p.num_sink_rows) {
-      n_sink = len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens;
-    } else if (sink_row >= p.num_sink_rows) {
-      if (split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 4);
-    }
-  }
+  int64_t sink_row;
+  const int n_sink = sink_count(p, b, len, sink_row, bad_sink);
+  if (bad_sink && split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 4);
 
   // The query, scaled once (softmax scale, log2 e, per-head format scale): never per element of K.
   const float qs = p.qk_scale_log2 * P::q_scale(p.fp, h);

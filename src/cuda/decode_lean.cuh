@@ -134,21 +134,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   const int h = leaf_mode ? static_cast<int>(blockIdx.x % H) : local / splits;
   const int split = leaf_mode ? static_cast<int>(blockIdx.x / H) : local % splits;  // leaf mode: the chunk
 
-  int64_t len, row;
-  if (p.table.row_start) {
-    const int r0 = p.table.row_start[b], r1 = p.table.row_start[b + 1];
-    row = r0;
-    len = p.table.seq_lens ? p.table.seq_lens[b]
-                           : (r1 - r0 <= 0 ? 0 : int64_t(r1 - r0 - 1) * p.page_size + p.table.last_page_len[b]);
-  } else {
-    row = int64_t{b} * p.table.row_stride;
-    len = p.table.seq_lens[b];
-  }
-  if (len < 0) len = 0;
-  if (len > p.max_context) {
-    if (split == 0 && h == 0 && lane == 0 && p.status) atomicOr(p.status, 2);
-    len = p.max_context;
-  }
+  int64_t row;
+  bool over;
+  const int64_t len = seq_len_of(p, b, row, over);
+  if (over && split == 0 && h == 0 && lane == 0 && p.status) atomicOr(p.status, 2);
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
   if (!Q4 && split >= n_chunks) return;  // leaf mode: the whole CTA (its chunk index), before any barrier
 
@@ -281,10 +270,9 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
     un1 = hc_s[(2 * q + 1) * 4 + 0], qo1 = hc_s[(2 * q + 1) * 4 + 1], cz1 = hc_s[(2 * q + 1) * 4 + 2];
     __syncthreads();  // the rings are the copies' from here on
     if (split >= n_chunks) return;  // after every barrier of the CTA
-    if (p.sink_tokens > 0 && p.sink_rows) {
-      const int64_t sr = p.sink_rows[b];
-      if (sr >= 0 && sr < p.num_sink_rows) n_sink = len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens;
-    }
+    int64_t sink_row;
+    bool bad_sink;  // reported by the merge
+    n_sink = sink_count(p, b, len, sink_row, bad_sink);
   }
 
   const uint32_t ring =
@@ -715,16 +703,9 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
 template <int D, bool Q4>
 __global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams p) {
   const int b = blockIdx.y, h = blockIdx.x, H = p.num_kv_heads;
-  int64_t len;
-  if (p.table.row_start) {
-    const int r0 = p.table.row_start[b], r1 = p.table.row_start[b + 1];
-    len = p.table.seq_lens ? p.table.seq_lens[b]
-                           : (r1 - r0 <= 0 ? 0 : int64_t(r1 - r0 - 1) * p.page_size + p.table.last_page_len[b]);
-  } else {
-    len = p.table.seq_lens[b];
-  }
-  if (len < 0) len = 0;
-  if (len > p.max_context) len = p.max_context;
+  int64_t row;
+  bool over;
+  const int64_t len = seq_len_of(p, b, row, over);
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
   const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
   const float os = p.fp.v_scale ? p.fp.v_scale[h] : 1.f;
@@ -770,13 +751,10 @@ __global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams 
       const block::QParams vq = p.fp.qv.head(h, D);
       o_s[r] = O * __ldg(vq.step + r);
       q_s[r] = bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + qh) * D + r]) * p.qk_scale_log2;
-      int n_sink = 0;
-      int64_t sink_row = 0;
-      if (p.sink_tokens > 0 && p.sink_rows) {
-        sink_row = p.sink_rows[b];
-        if (sink_row >= 0 && sink_row < p.num_sink_rows) n_sink = len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens;
-        else if (sink_row >= p.num_sink_rows && h == 0 && hg == 0 && r == 0 && p.status) atomicOr(p.status, 4);
-      }
+      int64_t sink_row;
+      bool bad_sink;
+      const int n_sink = sink_count(p, b, len, sink_row, bad_sink);
+      if (bad_sink && h == 0 && hg == 0 && r == 0 && p.status) atomicOr(p.status, 4);
       const int64_t sink_base = sink_row * p.sink_tokens;
       __syncthreads();
       if (r < kSinkTokens) {  // sink scores, in order over d
