@@ -136,6 +136,14 @@ __device__ __forceinline__ int sink_count(const DecodeKernelParams& p, int b, in
   return sink_row >= 0 && !bad ? (len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens) : 0;
 }
 
+// f16 operands: the power of two 2^E that puts a vector's largest magnitude mx in [2^13, 2^14) (full f16
+// precision, far from overflow); the fp32 result is scaled back by 2^-E exactly. E = 0 for mx 0 or not finite.
+__device__ __forceinline__ int f16_range_exponent(float mx) {
+  int e = 0;
+  if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
+  return mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
+}
+
 // Per-thread octet state of a format: the q formats' group offset and width (OctetCtx), nothing for the others.
 template <class P, bool = P::kQ>
 struct CtxOf {
@@ -420,9 +428,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(red_s[warp * D + c]));
 #pragma unroll
         for (int off = 16; off >= 1; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        int e = 0;
-        if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
-        const int E = mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
+        const int E = f16_range_exponent(mx);
         if (lane == 0) {
           qscale_s[warp] = ldexpf(1.f, E);
           qunscale_s[warp] = ldexpf(1.f, -E);

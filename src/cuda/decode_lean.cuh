@@ -170,9 +170,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
     for (int i = 0; i < 32; ++i) mx = fmaxf(mx, fabsf(v[i]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    int e = 0;
-    if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
-    const int E = mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
+    const int E = f16_range_exponent(mx);
     const float up = ldexpf(1.f, E);
     qe_lane = p.qk_scale_log2 * (p.fp.k_scale ? p.fp.k_scale[h] : 1.f) * ldexpf(1.f, -E);
 #pragma unroll
@@ -239,9 +237,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
       for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(t_s[hg * D + c]));
 #pragma unroll
       for (int x = 16; x >= 1; x /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
-      int e = 0;
-      if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
-      const int E = mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
+      const int E = f16_range_exponent(mx);
       float qo = 0.f;
       for (int c = lane; c < D; c += 32) {
         const __half hv = __float2half_rn(ldexpf(t_s[hg * D + c], E));
