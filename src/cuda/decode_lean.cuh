@@ -118,7 +118,10 @@ __device__ __forceinline__ void lean_q4_words(uint32_t st, uint32_t (&a)[W], uin
 // share the (sequence, kv head): warp mode keeps the splits a multiple of 4).
 template <int D, bool Q4>
 __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900 || (Q4 && __CUDA_ARCH__ >= 800))
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ < 900
+  if constexpr (!Q4) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); q4 on sm_80 too
+#endif
   using Geo = LeanGeo<D, Q4>;
   using LK = block::Q4Lanes<D, false>;
   using LV = block::Q4Lanes<D, true>;
