@@ -2,6 +2,7 @@
 # One device call on branch q4-lane (bench/NOTES.md v33): build; the write-path / dequantiser GPU tests (q4's lane
 # layout byte-exact against the CPU reference); the product's bench for fp8 (regular kernel, KVPACK_NO_LEAN=1) and
 # fp8 + q4 (lean kernels) on the same GPU; then the DecodeGpu tests with whatever time is left (LIMIT_S, default 560).
+# SKIP_REGULAR=1 skips the regular fp8 run; BENCH_EXTRA adds bench options; FIRST_TESTS / LAST_TESTS gtest filters.
 set -u
 OUT=${OUT:-/tmp/q4l_out}
 mkdir -p "$OUT"
@@ -18,8 +19,11 @@ $T --gtest_filter="${FIRST_TESTS:-PagedWriteGpu.*:PagedDequantGpu.*:DecodeGpu.Em
 stamp "first tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$OUT/tests_first.log" | head -30
 K=./build-device/kvpack
 GRID="--shapes 32/8/128,8/1/128 --batch 1,8,64 --context 32k,128k ${BENCH_EXTRA:-}"
-KVPACK_NO_LEAN=1 $K bench --formats fp8 $GRID --json "$OUT/bench_fp8_regular.json" 2>&1 | grep -vE " write" > "$OUT/bench.log"
-stamp "bench regular fp8 rc=$?"
+: > "$OUT/bench.log"
+if [ -z "${SKIP_REGULAR:-}" ]; then
+  KVPACK_NO_LEAN=1 $K bench --formats fp8 $GRID --json "$OUT/bench_fp8_regular.json" 2>&1 | grep -vE " write" > "$OUT/bench.log"
+  stamp "bench regular fp8 rc=$?"
+fi
 $K bench --formats fp8,q4 $GRID --json "$OUT/bench_lean.json" 2>&1 | grep -vE " write" >> "$OUT/bench.log"
 stamp "bench lean rc=$?"; cat "$OUT/bench.log"
 left=$(( ${LIMIT_S:-560} - ($(date +%s) - t0) ))
