@@ -280,7 +280,6 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   const uint8_t* k_head = p.k_pool + int64_t{h} * p.head_block_bytes;
   const uint8_t* v_head = p.v_pool + int64_t{h} * p.head_block_bytes;
   bool bad_page = false;
-  // Step i of this warp: chunk split + (i / 16) * splits, 32-token step i % 16 of it.
   // Step i of this warp: warp mode: chunk split + (i / 16) * splits, its 32-token step i % 16; leaf mode: steps
   // 4 warp + i (i < 4) of chunk `split`.
   auto chunk_of = [&](int i) -> int64_t { return leaf_mode ? split : split + int64_t{i / 16} * splits; };
