@@ -578,7 +578,7 @@ TEST(CalibFile, BadFilesGiveClearErrors) {
 TEST(QBlock, PropertiesAllFormatsBothHeadDims) {
   // For every q format and head dim: codes within each group's range, decode == mu + G * decode_transformed,
   // deterministic bytes, and error shrinking with bits (q3.5 < q3) on the fitted distribution. q4 is left out of the
-  // ordering: its fixed width pattern (block/q4_lanes.h) is shaped for real keys' outlier groups, and on this smooth
+  // ordering: its fixed width pattern (block/q_lanes.h) is shaped for real keys' outlier groups, and on this smooth
   // synthetic spectrum it is no better than q3.5's per-slot allocation at head_dim 128 (measured: 0.00077 vs 0.00058).
   for (int d : {64, 128}) {
     auto s = synthetic_stats(d, 500 + d, 3000);

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <map>
 
-#include "kvpack/block/q4_lanes.h"
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/calibration.h"
 #include "kvpack/error.h"
 #include "kvpack/safetensors.h"
@@ -261,12 +261,13 @@ Calibration Calibration::load_impl(const std::string& path, const ModelConfig* e
       }
       KVPACK_CHECK(sum == want_bytes, "calibration file {}: {}.group_bits of slot {} sum to {} bytes, the block needs {}",
                    path, n, s, sum, want_bytes);
-      if (f == Format::q4)
+      if (const int lb = lane_bits(f))
         for (int g = 0; g < D / 8; ++g)
-          KVPACK_CHECK(t.group_bits[static_cast<size_t>(s) * (D / 8) + g] == block::q4_group_bits(static_cast<int>(D), s % 2 == 1, g),
-                       "calibration file {}: {}.group_bits of slot {} ({}) are not q4's fixed {} pattern (a file made "
-                       "before q4's lane layout, 2026-12-06): recalibrate with `kvpack calibrate`",
-                       path, n, s, s % 2 == 1 ? "V" : "K", s % 2 == 1 ? "V" : "K");
+          KVPACK_CHECK(t.group_bits[static_cast<size_t>(s) * (D / 8) + g] ==
+                           block::lane_group_bits(lb, static_cast<int>(D), s % 2 == 1, g),
+                       "calibration file {}: {}.group_bits of slot {} ({}) are not {}'s fixed {} pattern (a file made "
+                       "before {}'s lane layout): recalibrate with `kvpack calibrate`",
+                       path, n, s, s % 2 == 1 ? "V" : "K", n, s % 2 == 1 ? "V" : "K", n);
     }
     t.derive();
   }

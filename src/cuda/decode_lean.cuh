@@ -1,5 +1,5 @@
-// The lean decode kernel (bench/NOTES.md v31-v33): fp8 (head_dim 128, sm_90) and q4 (head_dim 64 and 128, sm_80+,
-// the lane layout of include/kvpack/block/q4_lanes.h). Included by decode_lean.cu only.
+// The lean decode kernel (bench/NOTES.md v31-v34): fp8 (head_dim 128, sm_90), q4 and q3 (head_dim 64 and 128, sm_80+,
+// the lane layout of include/kvpack/block/q_lanes.h). Included by decode_lean.cu only.
 //
 // One warp per (sequence, kv head, split): the warp computes the 512-token chunks split, split + S, split + 2S, ...
 // of its (sequence, kv head) alone. Every lane stages exactly the 16-byte pieces it reads itself, with cp.async into
@@ -24,26 +24,30 @@
 #include <cstdlib>
 #include <cuda_fp8.h>
 
-#include "kvpack/block/q4_lanes.h"
+#include "kvpack/block/q_lanes.h"
 
 namespace kvpack::cuda_detail {
 
 constexpr int kLeanWarps = 4;    // warps per CTA (independent; the CTA only shares the SM's shared memory)
-constexpr int kLeanStages = 3;   // ring depth in 32-token steps
 constexpr int kLeanStepTok = 32; // tokens per step: two 16-token units
-// Per format: 16-byte pieces per lane and 16-token unit, K and V (fp8: 2 tokens x 32 channels or 16 channels x 4
-// tokens = 64 bytes; q4: D/4 bytes), the ring, and q4's extra shared memory (the 256 scales tau(e) and 8 heads' x 3
-// query constants; the query preparation itself borrows the rings before the first copy).
-template <int D, bool Q4>
+// Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more, so a warp's
+// ring also holds its two leaves at its smaller steps), its 16-byte copies per lane and step (fp8: 2 tokens x 32
+// channels or 16 channels x 4 tokens = 64 bytes per unit, K and V; q4 / q3: the step's 4 units of 2 QB D bytes), and
+// the q formats' extra shared memory (the 256 scales tau(e) and 8 heads' x 3 query constants; the query preparation
+// itself borrows the rings before the first copy).
+template <int D, int QB>
 struct LeanGeo {
-  static constexpr int kKP = Q4 ? D / 64 : 4, kVP = kKP;
-  static constexpr int kPieces = 2 * (kKP + kVP);             // per lane and step
+  static constexpr bool kQ = QB != 0;
+  static constexpr int kStages = QB == 3 ? 4 : 3;
+  static constexpr int kUnitBytes = kQ ? 2 * QB * D : 16 * D;  // one 16-token unit of K (or V)
+  static constexpr int kPieces = 4 * kUnitBytes / (32 * 16);  // per lane and step
   static constexpr int kStageBytes = kPieces * 32 * 16;        // per warp
-  static constexpr size_t kRingBytes = size_t(kLeanStages) * kStageBytes * kLeanWarps;
-  static constexpr int kLeafVals = 4 * (D / 16) + (Q4 ? 6 : 4);  // a leaf's per-lane state: O, m, l (q4: + L_tau)
-  static constexpr size_t kSmem = kRingBytes + (Q4 ? (256 + 8 * 4) * sizeof(float) : 0);
-  static_assert(size_t(2) * kLeafVals * 32 * 4 <= size_t(kLeanStages) * kStageBytes, "leaves fit a warp's ring");
-  static_assert(!Q4 || kRingBytes >= (2 * 8 * D) * sizeof(float) + 8 * D * 2, "query preparation fits the rings");
+  static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
+  static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
+  static constexpr size_t kSmem = kRingBytes + (kQ ? (256 + 8 * 4) * sizeof(float) : 0);
+  static_assert(kPieces * 32 * 16 == 4 * kUnitBytes, "a step is whole 16-byte copies of every lane");
+  static_assert(size_t(2) * kLeafVals * 32 * 4 <= size_t(kStages) * kStageBytes, "leaves fit a warp's ring");
+  static_assert(!kQ || kRingBytes >= (2 * 8 * D) * sizeof(float) + 8 * D * 2, "query preparation fits the rings");
 };
 
 __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
@@ -73,33 +77,47 @@ __device__ __forceinline__ uint32_t lean_prmt(uint32_t a, uint32_t b, uint32_t s
   return d;
 }
 
-// q4: the half2 of group i (members of a K token, or two tokens of a V member) from a lane's words w and w >> 6:
-// one AND; the codes read as f16 subnormals code * 2^(pos' - 24) (block/q4_lanes.h). i is a constant after the
-// callers' unrolling, so the word and the mask are too.
+// q4 / q3: the half2 of group i (members of a K token, or two tokens of a V member) from one row's slot words w
+// and w >> 6: one AND; the codes read as f16 subnormals code * 2^(pos' - 24) (block/q_lanes.h). i is a constant
+// after the callers' unrolling, so the word and the mask are too.
 template <class L>
-__device__ __forceinline__ uint32_t lean_q4_pair(const uint32_t (&w)[L::kWords], const uint32_t (&ws)[L::kWords], int i) {
+__device__ __forceinline__ uint32_t lean_q_pair(const uint32_t (&w)[L::kSlots], const uint32_t (&ws)[L::kSlots], int i) {
   const block::LaneGroup g = L::group(i);
   const int pos = L::shifted(i) ? g.pos - 6 : g.pos;
   const uint32_t m = ((1u << g.w) - 1u) << pos;
   return (L::shifted(i) ? ws[g.word] : w[g.word]) & (m | (m << 16));
 }
-// q4 V: the scale byte of the token whose bits sit at lanes 4 g' + qq (g' = 0..7) of ballot mask `bal`.
+// q4 / q3 V: the scale byte of the token whose bits sit at lanes 4 g' + qq (g' = 0..7) of ballot mask `bal`.
 __device__ __forceinline__ uint32_t lean_ballot_byte(uint32_t bal, int qq) {
   uint32_t x = (bal >> qq) & 0x11111111u;
   x = (x | (x >> 3)) & 0x03030303u;
   x = (x | (x >> 6)) & 0x000f000fu;
   return (x | (x >> 12)) & 0xffu;
 }
-// q4: one lane's 4 words of a unit piece (D = 128: all of one token / pair) or 2 + 2 (D = 64: both).
-template <int W>
-__device__ __forceinline__ void lean_q4_words(uint32_t st, uint32_t (&a)[W], uint32_t (&b)[W]) {
-  uint32_t x, y, z, t;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(x), "=r"(y), "=r"(z), "=r"(t) : "r"(st));
-  if constexpr (W == 2) {
-    a[0] = x, a[1] = y, b[0] = z, b[1] = t;
-  } else {
-    a[0] = x, a[1] = y, a[2] = z, a[3] = t;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(st + 32 * 16));
+// One lane's slot words of a unit (q4: from its own 16-byte pieces; q3: from the word-major unit), as two rows
+// (K: tokens g, g + 8; V: token pairs (2q, 2q + 1), (8 + 2q, 9 + 2q)) read at the slots' bit positions, and the
+// same >> 6. `un` is the unit's shared-memory address.
+template <class L>
+__device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0)[L::kSlots], uint32_t (&r1)[L::kSlots],
+                                            uint32_t (&s0)[L::kSlots], uint32_t (&s1)[L::kSlots]) {
+  uint32_t sw[L::kShareWords];
+  if constexpr (L::kByte == 0) {  // q4: 16-byte pieces, lane-major inside each 512-byte piece
+#pragma unroll
+    for (int k = 0; k < L::kShareWords / 4; ++k)
+      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(sw[4 * k]), "=r"(sw[4 * k + 1]), "=r"(sw[4 * k + 2]), "=r"(sw[4 * k + 3])
+                   : "r"(un + (k * 32 + lane) * 16));
+  } else {  // q3: word-major
+#pragma unroll
+    for (int k = 0; k < L::kShareWords; ++k)
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sw[k]) : "r"(un + (k * 32 + lane) * 4));
+  }
+#pragma unroll
+  for (int slot = 0; slot < L::kSlots; ++slot) {
+    r0[slot] = sw[L::share_word(slot, 0)] >> L::row_shift(slot, 0);
+    r1[slot] = sw[L::share_word(slot, 1)] >> L::row_shift(slot, 1);
+    s0[slot] = r0[slot] >> 6;
+    s1[slot] = r1[slot] >> 6;
   }
 }
 
@@ -108,7 +126,7 @@ __device__ __forceinline__ void lean_q4_words(uint32_t st, uint32_t (&a)[W], uin
 // (kv head, chunk); warp w computes leaves 2w and 2w + 1 of the chunk, and warp 0 folds the 8 leaves in order with
 // the same per-lane arithmetic as warp mode, so both modes give the same bits.
 //
-// q4 (Q4 = true): the codes are f16 subnormals after one AND (block/q4_lanes.h), so the query fragment of channel c
+// q4 / q3 (QB = 4, 3): the codes are f16 subnormals after one AND (block/q_lanes.h), so the query fragment of channel c
 // carries q'_c 2^(24 - pos'_c) 2^E (q' = s * (G^T q), pos' the code's bit position as read, E a power of two per
 // head) and a score is tau_K (acc 2^-E - q'.o) + q.mu, tau_K from the token's scale byte (its bits gathered from the
 // quad); P.V multiplies each probability by tau_V (scale bits gathered by ballots) and accumulates L_tau = sum of those
@@ -116,16 +134,18 @@ __device__ __forceinline__ void lean_q4_words(uint32_t st, uint32_t (&a)[W], uin
 // L_tau), which lean_merge_q_kernel turns into mu + G (s * .) and folds with the sink tokens. Positions below the
 // sequence's sink count are masked (the merge adds them exactly). The query preparation runs once per CTA (its 4 warps
 // share the (sequence, kv head): warp mode keeps the splits a multiple of 4).
-template <int D, bool Q4>
+template <int D, int QB>
 __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
-  if constexpr (!Q4) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); q4 on sm_80 too
+  if constexpr (QB == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); q4 / q3 on sm_80 too
 #endif
-  using Geo = LeanGeo<D, Q4>;
-  using LK = block::Q4Lanes<D, false>;
-  using LV = block::Q4Lanes<D, true>;
+  constexpr bool Q4 = QB != 0;  // a q format in the lane layout (q4 or q3)
+  using Geo = LeanGeo<D, QB>;
+  using LK = block::QLanes<QB ? QB : 4, D, false>;
+  using LV = block::QLanes<QB ? QB : 4, D, true>;
   constexpr int kKB = D / 16;  // k-blocks of the scores, m-tiles of P.V
+  constexpr int kLeanStages = Geo::kStages;
   constexpr int kLeanStageBytes = Geo::kStageBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -306,6 +326,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
         my_pg = lane < (kChunkTokens >> p.page_shift) && tp < len ? p.table.pages[row + (tp >> p.page_shift)] : 0;
       }
       const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
+      const uint8_t* qsrc[2][2];  // q3: the step's units, [u][K|V]
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int64_t tu = t0 + 16 * u;  // a 16-token unit never crosses a page (pages hold >= 16 tokens)
@@ -316,19 +337,25 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
           bad_page = true;
           page = 0;
         }
-        // fp8: token-major rows of D bytes; q4: units of 8 D bytes (D / 2 per token).
-        const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * (Q4 ? D / 2 : D);
+        // fp8: token-major rows of D bytes; q4 / q3: units of 2 QB D bytes (QB D / 8 per token).
+        const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * (Q4 ? QB * D / 8 : D);
         const uint8_t* kb = k_head + unit_off;
         const uint8_t* vb = v_head + unit_off;
+        if constexpr (QB == 3) {
+          qsrc[u][0] = kb;
+          qsrc[u][1] = vb;
+          continue;
+        }
         if constexpr (Q4) {
           // Lane layout: piece pc of every lane is 512 contiguous bytes. Tokens past the sequence's end are read as
           // they are (codes are always finite; their scores are masked, their weights 0), so no bounds.
-          const uint32_t su = st + u * (Geo::kKP + Geo::kVP) * 32 * 16;
+          constexpr int kUP = Geo::kUnitBytes / (32 * 16);  // pieces per lane and unit
+          const uint32_t su = st + u * 2 * Geo::kUnitBytes;
 #pragma unroll
-          for (int pc = 0; pc < Geo::kKP; ++pc) lean_cp16_full(su + pc * 32 * 16, kb + (pc * 32 + lane) * 16);
+          for (int pc = 0; pc < kUP; ++pc) lean_cp16_full(su + pc * 32 * 16, kb + (pc * 32 + lane) * 16);
 #pragma unroll
-          for (int pc = 0; pc < Geo::kVP; ++pc)
-            lean_cp16_full(su + (Geo::kKP + pc) * 32 * 16, vb + (pc * 32 + lane) * 16);
+          for (int pc = 0; pc < kUP; ++pc)
+            lean_cp16_full(su + Geo::kUnitBytes + pc * 32 * 16, vb + (pc * 32 + lane) * 16);
           continue;
         }
         if (rem >= 16) {
@@ -377,6 +404,16 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
         for (int j = 0; j < 4; ++j) {
           const int tok = 2 * q + (j & 1) + 8 * (j >> 1);
           lean_cp16(st + ((u * 8 + 4 + j) * 32) * 16, vb + tok * D + 16 * g, tok < rem);
+        }
+      }
+      if constexpr (QB == 3) {
+        // q3: the step's 4 units copied whole, 16 bytes per lane and copy (chunk c = lane + 32 k of [u][K|V][unit]);
+        // every lane then reads its words from all of them (a __syncwarp orders the copies and the reads).
+        constexpr int kUC = Geo::kUnitBytes / 16;  // 16-byte chunks per unit
+#pragma unroll
+        for (int k = 0; k < Geo::kPieces; ++k) {
+          const int c = lane + 32 * k, u = c / (2 * kUC), kv = (c / kUC) % 2;
+          lean_cp16_full(st + k * 32 * 16, qsrc[u][kv] + (c % kUC) * 16);
         }
       }
     }
@@ -478,24 +515,26 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   for (int i = 0;; ++i) {
     const int64_t t0 = step_start(i);
     if (t0 >= len) break;
-    if (krows) __syncwarp();  // every lane has read the slot the next copies refill
+    // Lanes that read each other's copies (q3; fp8 with KVPACK_LEAN_KROWS): every lane has read the slot the next
+    // copies refill, and (after the wait) the other lanes' copies have landed.
+    const bool shared_slots = QB == 3 || krows;
+    if (shared_slots) __syncwarp();
     issue(i + kLeanStages - 1);
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kLeanStages - 1));
-    if (krows) __syncwarp();  // the other lanes' copies into this lane's slots have landed
+    if (shared_slots) __syncwarp();
     const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
+    const uint32_t st_base = st - lane * 16;  // the stage's first byte (q: units [u][K|V])
     float sc[2][4];
     // ---- scores of the step's two units ----
     if constexpr (Q4) {
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        constexpr int W = LK::kWords;
-        uint32_t k0[W], k8[W], s0[W], s8[W];  // tokens g and g + 8, and their words >> 6
-        lean_q4_words<W>(st + (u * (Geo::kKP + Geo::kVP)) * 32 * 16, k0, k8);
-#pragma unroll
-        for (int w = 0; w < W; ++w) s0[w] = k0[w] >> 6, s8[w] = k8[w] >> 6;
+        constexpr int W = LK::kSlots;
+        uint32_t k0[W], k8[W], s0[W], s8[W];  // tokens g and g + 8 at their slots' positions, and >> 6
+        lean_q_rows<LK>(st_base + u * 2 * Geo::kUnitBytes, lane, k0, k8, s0, s8);
         // The scale bytes of tokens g and g + 8: bits 2q, 2q + 1 in this lane's last words (bits 15, 31), OR-ed
         // over the quad.
-        const uint32_t la = k0[W - 1], lb = k8[W - 1];
+        const uint32_t la = k0[LK::kScaleSlot], lb = k8[LK::kScaleSlot];
         uint32_t sv = ((((la >> 15) & 1u) | ((la >> 30) & 2u)) << (2 * q)) | ((((lb >> 15) & 1u) | ((lb >> 30) & 2u)) << (2 * q + 8));
         sv |= __shfl_xor_sync(0xffffffffu, sv, 1);
         sv |= __shfl_xor_sync(0xffffffffu, sv, 2);
@@ -503,8 +542,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
         float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int kb = 0; kb < kKB; ++kb)  // groups 2 kb (a0: token g, a1: token g + 8) and 2 kb + 1 (a2, a3)
-          mma_f16_full(c, lean_q4_pair<LK>(k0, s0, 2 * kb), lean_q4_pair<LK>(k8, s8, 2 * kb),
-                       lean_q4_pair<LK>(k0, s0, 2 * kb + 1), lean_q4_pair<LK>(k8, s8, 2 * kb + 1), qb[kb][0], qb[kb][1]);
+          mma_f16_full(c, lean_q_pair<LK>(k0, s0, 2 * kb), lean_q_pair<LK>(k8, s8, 2 * kb),
+                       lean_q_pair<LK>(k0, s0, 2 * kb + 1), lean_q_pair<LK>(k8, s8, 2 * kb + 1), qb[kb][0], qb[kb][1]);
         const int64_t ta = t0 + 16 * u + g;
         const bool v0 = ta < len && ta >= n_sink, v8 = ta + 8 < len && ta + 8 >= n_sink;
         sc[u][0] = v0 ? fmaf(tk0, fmaf(c[0], un0, -qo0), cz0) : -INFINITY;
@@ -561,13 +600,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
     if constexpr (Q4) {
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        constexpr int W = LV::kWords;
-        uint32_t v0[W], v1[W], t0w[W], t1w[W];  // pairs (2q, 2q + 1) and (8 + 2q, 9 + 2q), and their words >> 6
-        lean_q4_words<W>(st + (u * (Geo::kKP + Geo::kVP) + Geo::kKP) * 32 * 16, v0, v1);
-#pragma unroll
-        for (int w = 0; w < W; ++w) t0w[w] = v0[w] >> 6, t1w[w] = v1[w] >> 6;
+        constexpr int W = LV::kSlots;
+        uint32_t v0[W], v1[W], t0w[W], t1w[W];  // pairs (2q, 2q + 1) and (8 + 2q, 9 + 2q), and >> 6
+        lean_q_rows<LV>(st_base + u * 2 * Geo::kUnitBytes + Geo::kUnitBytes, lane, v0, v1, t0w, t1w);
         // V scale bytes: bit g' of token 2q' (+1, +8, +9) is bit 15 / 31 of lane (g', q')'s last word of that pair.
-        const uint32_t la = v0[W - 1], lb = v1[W - 1];
+        const uint32_t la = v0[LV::kScaleSlot], lb = v1[LV::kScaleSlot];
         const uint32_t B0 = __ballot_sync(0xffffffffu, (la >> 15) & 1u), B1 = __ballot_sync(0xffffffffu, la >> 31);
         const uint32_t B2 = __ballot_sync(0xffffffffu, (lb >> 15) & 1u), B3 = __ballot_sync(0xffffffffu, lb >> 31);
         const float tv0 = tau_s[lean_ballot_byte(g & 1 ? B1 : B0, g >> 1)];
@@ -583,8 +620,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
         const uint32_t b1 = lean_trans(*reinterpret_cast<const uint32_t*>(&h23));
 #pragma unroll
         for (int mb = 0; mb < kKB; ++mb)  // rows g (group 2 mb), g + 8 (group 2 mb + 1); pair 0 (a0, a1), pair 1 (a2, a3)
-          mma_f16_full(o[mb], lean_q4_pair<LV>(v0, t0w, 2 * mb), lean_q4_pair<LV>(v0, t0w, 2 * mb + 1),
-                       lean_q4_pair<LV>(v1, t1w, 2 * mb), lean_q4_pair<LV>(v1, t1w, 2 * mb + 1), b0, b1);
+          mma_f16_full(o[mb], lean_q_pair<LV>(v0, t0w, 2 * mb), lean_q_pair<LV>(v0, t0w, 2 * mb + 1),
+                       lean_q_pair<LV>(v1, t1w, 2 * mb), lean_q_pair<LV>(v1, t1w, 2 * mb + 1), b0, b1);
       }
     } else
 #pragma unroll
@@ -698,7 +735,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
 // q4: the folded sum is sum_t p_t tau_t (k_t - o) per channel (the kernel's chunk ends convert it), so the output
 // is (mu L + G (s * O)) / L with the sink tokens (exact bf16) folded in by log-sum-exp, as the regular kernel's
 // epilogue does; fixed orders throughout.
-template <int D, bool Q4>
+template <int D, int QB>
 __global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams p) {
   const int b = blockIdx.y, h = blockIdx.x, H = p.num_kv_heads;
   int64_t row;
@@ -739,7 +776,7 @@ __global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams 
       }
     }
     const int qh = h * p.group + hg;
-    if constexpr (!Q4) {
+    if constexpr (QB == 0) {
       p.out[(int64_t{b} * p.num_qo_heads + qh) * D + i % D] = f32_to_bf16(n_chunks > 0 ? O / L * os : 0.f);
       if (p.lse && i % D == 0)
         p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (M + log2f(L)) * 0.69314718055994530942f : -INFINITY;
@@ -805,8 +842,8 @@ inline bool lean_fp8_applies(int head_dim) {
   return head_dim == 128 && cc >= 9 && !std::getenv("KVPACK_NO_LEAN");
 }
 
-// q4 always takes the lean kernel (its lane layout has no other reader): every head dim, sm_80 and later.
-inline bool lean_q4_applies() {
+// q4 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.
+inline bool lean_q_applies() {
   static const int cc = [] {
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
@@ -818,26 +855,26 @@ inline bool lean_q4_applies() {
   return cc >= 8;
 }
 
-template <int D, bool Q4>
+template <int D, int QB>
 inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
-  using Geo = LeanGeo<D, Q4>;
+  using Geo = LeanGeo<D, QB>;
   static std::once_flag once;
   std::call_once(once, [] {
-    cudaFuncSetAttribute(lean_kernel<D, Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Geo::kSmem));
+    cudaFuncSetAttribute(lean_kernel<D, QB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Geo::kSmem));
     cudaGetLastError();
   });
   // Leaf mode when one warp per chunk would give fewer than two waves of 8 warps per SM (the choice depends on the
   // plan only and both modes give the same bits).
   const bool leaf = int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
   // q4: a CTA's 4 warps share one (sequence, kv head) (its query preparation): splits a multiple of 4.
-  const int splits = leaf ? 0 : Q4 ? (lean_splits(kp) + kLeanWarps - 1) / kLeanWarps * kLeanWarps : lean_splits(kp);
+  const int splits = leaf ? 0 : QB ? (lean_splits(kp) + kLeanWarps - 1) / kLeanWarps * kLeanWarps : lean_splits(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;
   dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
                  : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
             batch);
   static const int krows = std::getenv("KVPACK_LEAN_KROWS") ? std::atoi(std::getenv("KVPACK_LEAN_KROWS")) : 0;
-  lean_kernel<D, Q4><<<grid, kLeanWarps * 32, Geo::kSmem, stream>>>(kp, splits, krows);
-  lean_merge_kernel<D, Q4><<<dim3(kp.num_kv_heads, batch, kp.group), D, 0, stream>>>(kp);
+  lean_kernel<D, QB><<<grid, kLeanWarps * 32, Geo::kSmem, stream>>>(kp, splits, krows);
+  lean_merge_kernel<D, QB><<<dim3(kp.num_kv_heads, batch, kp.group), D, 0, stream>>>(kp);
 }
 
 }  // namespace kvpack::cuda_detail

@@ -4,7 +4,7 @@
 #include <numeric>
 #include <random>
 
-#include "kvpack/block/q4_lanes.h"
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/error.h"
 #include "kvpack/paged.h"
 
@@ -76,8 +76,8 @@ QHostParams synthetic_q_params(Format f, bool is_v, int num_heads, int D, uint64
       }
       ++bits[best];
     }
-    if (f == Format::q4)  // q4's fixed pattern (include/kvpack/block/q4_lanes.h); the energies above are still drawn
-      for (int g = 0; g < groups; ++g) bits[g] = block::q4_group_bits(D, is_v, g);
+    if (const int lb = lane_bits(f))  // the fixed pattern (include/kvpack/block/q_lanes.h); the energies above are still drawn
+      for (int g = 0; g < groups; ++g) bits[g] = block::lane_group_bits(lb, D, is_v, g);
     for (int g = 0; g < groups; ++g) {
       q.group_bits[h * groups + g] = static_cast<uint8_t>(bits[g]);
       for (int i = 0; i < 8; ++i) {

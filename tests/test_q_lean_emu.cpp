@@ -1,5 +1,6 @@
-// An emulation of the lean decode kernel's q4 arithmetic (src/cuda/decode_lean.cuh) on the CPU, lane by lane, with
-// the m16n8k16 fragments laid out as PTX defines them: the lane's 16-byte pieces of a unit, one AND per f16x2 (codes
+// An emulation of the lean decode kernel's q4 / q3 arithmetic (src/cuda/decode_lean.cuh) on the CPU, lane by lane,
+// with the m16n8k16 fragments laid out as PTX defines them: the lane's share words of a unit read as the kernel's
+// lean_q_rows reads them (rows, slots, the shift by 8 of q3's second row), one AND per f16x2 (codes
 // as f16 subnormals), the quad / ballot gathering of the scale bytes, the query folded with 2^(24 - pos') and 2^E,
 // q'.o, L_tau and the chunk-end conversion, then the merge's mu L + G (s O). Exact products and fp64 sums stand in
 // for the tensor core. It checks the kernel's maps and constants against the fp64 reference on the dequantised cache
@@ -12,22 +13,25 @@
 #include <vector>
 
 #include "kvpack/bf16.h"
-#include "kvpack/block/q4_lanes.h"
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/paged.h"
 
 namespace kvpack {
 namespace {
 
-// A lane's word w of its share (bytes s = 4 w .. 4 w + 3) in a unit.
-uint32_t share_word(const uint8_t* unit, int lane, int s) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) {
-    const int b = s + i;
-    v |= static_cast<uint32_t>(unit[((b / 16) * 32 + lane) * 16 + b % 16]) << (8 * i);
+// The kernel's lean_q_rows: a lane's share words of a unit (bytes 4 k .. 4 k + 3 of its share), as rows 0 and 1 at
+// their slots' bit positions.
+template <class L>
+void lane_rows(const uint8_t* unit, int lane, uint32_t (&r0)[L::kSlots], uint32_t (&r1)[L::kSlots]) {
+  uint32_t sw[L::kShareWords] = {};
+  for (int k = 0; k < L::kShareWords; ++k)
+    for (int i = 0; i < 4; ++i) sw[k] |= static_cast<uint32_t>(unit[L::share_offset(lane, 4 * k + i)]) << (8 * i);
+  for (int slot = 0; slot < L::kSlots; ++slot) {
+    r0[slot] = sw[L::share_word(slot, 0)] >> L::row_shift(slot, 0);
+    r1[slot] = sw[L::share_word(slot, 1)] >> L::row_shift(slot, 1);
   }
-  return v;
 }
-// The kernel's lean_q4_pair: group i of words w (and w >> 6), as the two f16 values it stands for.
+// The kernel's lean_q_pair: group i of a row's slot words w (and w >> 6), as the two f16 values it stands for.
 template <class L>
 void pair_values(const uint32_t* w, int i, double& lo, double& hi) {
   const block::LaneGroup g = L::group(i);
@@ -43,17 +47,19 @@ int range_exponent(float mx) {  // the kernel's f16_range_exponent
   return mx > 0.f && mx <= 3.0e38f ? std::min(std::max(14 - e, -120), 120) : 0;
 }
 
-template <int D>
+template <int QB, int D>
 void emulate(uint64_t seed) {
-  using LK = block::Q4Lanes<D, false>;
-  using LV = block::Q4Lanes<D, true>;
-  constexpr int W = LK::kWords, KB = D / 16, G = 4, n = 40;  // 3 units, the last one partial
+  using LK = block::QLanes<QB, D, false>;
+  using LV = block::QLanes<QB, D, true>;
+  constexpr int W = LK::kSlots, SK = LK::kScaleSlot, SV = LV::kScaleSlot, KB = D / 16, G = 4, n = 40;  // 3 units
+  static_assert(W == LV::kSlots);
+  const Format f = QB == 4 ? Format::q4 : Format::q3;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd;
-  const PagedLayout l = make_paged_layout(Format::q4, 16, 1, D);
+  const PagedLayout l = make_paged_layout(f, 16, 1, D);
   const int pages = 3;
   std::vector<uint8_t> kp(pages * l.page_bytes(), 0x77), vp(pages * l.page_bytes(), 0x77);
-  const QHostParams qk = synthetic_q_params(Format::q4, false, 1, D, seed), qv = synthetic_q_params(Format::q4, true, 1, D, seed + 1);
+  const QHostParams qk = synthetic_q_params(f, false, 1, D, seed), qv = synthetic_q_params(f, true, 1, D, seed + 1);
   FormatParams fp;
   fp.qk = qk.table();
   fp.qv = qv.table();
@@ -111,7 +117,7 @@ void emulate(uint64_t seed) {
     for (int lane = 0; lane < 32; ++lane) {
       const int g = lane / 4, q = lane % 4;
       uint32_t k0[W], k8[W];
-      for (int w = 0; w < W; ++w) k0[w] = share_word(ku, lane, 4 * w), k8[w] = share_word(ku, lane, D / 8 + 4 * w);
+      lane_rows<LK>(ku, lane, k0, k8);
       for (int kb = 0; kb < KB; ++kb) {
         pair_values<LK>(k0, 2 * kb, A[kb][g][2 * q], A[kb][g][2 * q + 1]);              // a0
         pair_values<LK>(k8, 2 * kb, A[kb][g + 8][2 * q], A[kb][g + 8][2 * q + 1]);      // a1
@@ -124,8 +130,8 @@ void emulate(uint64_t seed) {
         B[kb][2 * q + 9][g] = f16_to_f32(hq[g * D + 8 * (2 * kb + 1) + 2 * q + 1]);
       }
       // Scale bits of tokens g and g + 8: bit 15 -> 2q, bit 31 -> 2q + 1 (the quad OR).
-      tauk[g] |= static_cast<uint8_t>((((k0[W - 1] >> 15) & 1u) | ((k0[W - 1] >> 30) & 2u)) << (2 * q));
-      tauk[g + 8] |= static_cast<uint8_t>((((k8[W - 1] >> 15) & 1u) | ((k8[W - 1] >> 30) & 2u)) << (2 * q));
+      tauk[g] |= static_cast<uint8_t>((((k0[SK] >> 15) & 1u) | ((k0[SK] >> 30) & 2u)) << (2 * q));
+      tauk[g + 8] |= static_cast<uint8_t>((((k8[SK] >> 15) & 1u) | ((k8[SK] >> 30) & 2u)) << (2 * q));
     }
     for (int kb = 0; kb < KB; ++kb)
       for (int r = 0; r < 16; ++r)
@@ -147,7 +153,7 @@ void emulate(uint64_t seed) {
       }
     }
   }
-  for (int i = 0; i < n * G; ++i) EXPECT_NEAR(sc[i], sref[i], 2e-3 * (1 + std::fabs(sref[i]))) << "score " << i;
+  for (int i = 0; i < n * G; ++i) EXPECT_NEAR(sc[i], sref[i], 2e-3 * (1 + std::fabs(sref[i]))) << "QB=" << QB << " D=" << D << " score " << i;
 
   // P.V through the fragments, then the chunk-end conversion and the merge.
   for (int h = 0; h < G; ++h) {
@@ -162,14 +168,14 @@ void emulate(uint64_t seed) {
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, q = lane % 4;
         uint32_t v0[W], v1[W];
-        for (int w = 0; w < W; ++w) v0[w] = share_word(vu, lane, 4 * w), v1[w] = share_word(vu, lane, D / 8 + 4 * w);
+        lane_rows<LV>(vu, lane, v0, v1);
         for (int mb = 0; mb < KB; ++mb) {
           pair_values<LV>(v0, 2 * mb, A[mb][g][2 * q], A[mb][g][2 * q + 1]);              // a0
           pair_values<LV>(v0, 2 * mb + 1, A[mb][g + 8][2 * q], A[mb][g + 8][2 * q + 1]);  // a1
           pair_values<LV>(v1, 2 * mb, A[mb][g][2 * q + 8], A[mb][g][2 * q + 9]);          // a2
           pair_values<LV>(v1, 2 * mb + 1, A[mb][g + 8][2 * q + 8], A[mb][g + 8][2 * q + 9]);
         }
-        const uint32_t la = v0[W - 1], lb = v1[W - 1];
+        const uint32_t la = v0[SV], lb = v1[SV];
         bal[0] |= ((la >> 15) & 1u) << lane, bal[1] |= (la >> 31) << lane;
         bal[2] |= ((lb >> 15) & 1u) << lane, bal[3] |= (lb >> 31) << lane;
       }
@@ -214,13 +220,15 @@ void emulate(uint64_t seed) {
       omax = std::max(omax, std::fabs(want));
       err = std::max(err, std::fabs(uu / L - want));
     }
-    EXPECT_LT(err, 5e-3 * omax) << "D=" << D << " head " << h;
+    EXPECT_LT(err, 5e-3 * omax) << "QB=" << QB << " D=" << D << " head " << h;
   }
 }
 
-TEST(Q4LeanEmulation, FragmentsScalesAndFoldsMatchTheReference) {
-  emulate<64>(31);
-  emulate<128>(32);
+TEST(QLeanEmulation, FragmentsScalesAndFoldsMatchTheReference) {
+  emulate<4, 64>(31);
+  emulate<4, 128>(32);
+  emulate<3, 64>(33);
+  emulate<3, 128>(34);
 }
 
 }  // namespace
