@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
         my_pg = lane < (kChunkTokens >> p.page_shift) && tp < len ? p.table.pages[row + (tp >> p.page_shift)] : 0;
       }
       const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
-      const uint8_t* qsrc[2][2];  // q3: the step's units, [u][K|V]
+      const uint8_t *qk0 = nullptr, *qv0 = nullptr, *qk1 = nullptr, *qv1 = nullptr;  // q3: the step's units
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int64_t tu = t0 + 16 * u;  // a 16-token unit never crosses a page (pages hold >= 16 tokens)
@@ -342,8 +342,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
         const uint8_t* kb = k_head + unit_off;
         const uint8_t* vb = v_head + unit_off;
         if constexpr (QB == 3) {
-          qsrc[u][0] = kb;
-          qsrc[u][1] = vb;
+          (u ? qk1 : qk0) = kb;
+          (u ? qv1 : qv0) = vb;
           continue;
         }
         if constexpr (Q4) {
@@ -413,7 +413,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
 #pragma unroll
         for (int k = 0; k < Geo::kPieces; ++k) {
           const int c = lane + 32 * k, u = c / (2 * kUC), kv = (c / kUC) % 2;
-          lean_cp16_full(st + k * 32 * 16, qsrc[u][kv] + (c % kUC) * 16);
+          const uint8_t* src = u ? (kv ? qv1 : qk1) : (kv ? qv0 : qk0);  // selects, not a local array
+          lean_cp16_full(st + k * 32 * 16, src + (c % kUC) * 16);
         }
       }
     }
