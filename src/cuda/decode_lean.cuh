@@ -2,9 +2,10 @@
 // the lane layout of include/kvpack/block/q_lanes.h). Included by decode_lean.cu only.
 //
 // One warp per (sequence, kv head, split): the warp computes the 512-token chunks split, split + S, split + 2S, ...
-// of its (sequence, kv head) alone. Every lane stages exactly the 16-byte pieces it reads itself, with cp.async into
-// a lane-private ring of kLeanStages steps of 32 tokens, so the main loop has no barrier and no shared-memory
-// exchange: its only synchronisation is cp.async.wait_group. Scores and P.V run on the f16 tensor cores
+// of its (sequence, kv head) alone. Every lane stages exactly the 16-byte pieces it reads itself (fp8, q4), with
+// cp.async into a lane-private ring of LeanGeo::kStages steps of 32 tokens, so the main loop has no barrier and no
+// shared-memory exchange: its only synchronisation is cp.async.wait_group (q3, whose lane shares are not whole
+// 16-byte pieces, copies units whole and adds a __syncwarp on each side of the wait). Scores and P.V run on the f16 tensor cores
 // (m16n8k16, swap-AB: 16 tokens x 8 padded query heads per score tile, 16 channels x 8 heads per output tile).
 //
 // Which channels a lane holds is chosen so that its pieces are whole 16-byte runs of the page's token-major rows
