@@ -3,7 +3,8 @@
 # tests (the lane layouts byte-exact against the CPU reference); the product's bench for fp8 (regular kernel,
 # KVPACK_NO_LEAN=1) and fp8 + the lane formats (lean kernels; LEAN_FORMATS, default fp8,q4,q3) on the same GPU; then
 # the DecodeGpu tests with whatever time is left (LIMIT_S, default 560).
-# SKIP_REGULAR=1 skips the regular fp8 run; BENCH_EXTRA adds bench options; FIRST_TESTS / LAST_TESTS gtest filters.
+# SKIP_REGULAR=1 skips the regular fp8 run; SHAPES / BATCHES / CONTEXTS set the grid, BENCH_EXTRA adds bench options;
+# FIRST_TESTS / LAST_TESTS gtest filters.
 set -u
 OUT=${OUT:-/tmp/q4l_out}
 mkdir -p "$OUT"
@@ -19,7 +20,7 @@ T=./build-device/kvpack_gpu_tests
 $T --gtest_filter="${FIRST_TESTS:-PagedWriteGpu.*:PagedDequantGpu.*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*}" > "$OUT/tests_first.log" 2>&1
 stamp "first tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$OUT/tests_first.log" | head -30
 K=./build-device/kvpack
-GRID="--shapes 32/8/128,8/1/128 --batch 1,8,64 --context 32k,128k ${BENCH_EXTRA:-}"
+GRID="--shapes ${SHAPES:-32/8/128,8/1/128} --batch ${BATCHES:-1,8,64} --context ${CONTEXTS:-32k,128k} ${BENCH_EXTRA:-}"
 : > "$OUT/bench.log"
 if [ -z "${SKIP_REGULAR:-}" ]; then
   KVPACK_NO_LEAN=1 $K bench --formats fp8 $GRID --json "$OUT/bench_fp8_regular.json" 2>&1 | grep -vE " write" > "$OUT/bench.log"
