@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
       const int t = tin_s[tt];
       const int o = kv ? LV::piece_offset(t, j) : L::piece_offset(t, j);
       const uint16_t h = kv ? LV::piece_value_of(code_of, lb[kCode], j) : L::piece_value_of(code_of, lb[kCode], j);
-      if (L::piece_bytes(j) == 2) *reinterpret_cast<uint16_t*>(unit + o) = h;
+      if ((kv ? LV::piece_bytes(j) : L::piece_bytes(j)) == 2) *reinterpret_cast<uint16_t*>(unit + o) = h;
       else unit[o] = static_cast<uint8_t>(h);
     }
   }
