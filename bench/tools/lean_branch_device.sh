@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call on branch lean-fp8 (bench/NOTES.md v33): the product's fp8 decode, regular kernel (KVPACK_NO_LEAN=1)
+# One device call on branch lean-fp8 (bench/NOTES.md v33): the product's fp8 decode, regular kernel (the default)
 # against the lean kernel with K copied by half-rows (KVPACK_LEAN_KROWS=0) and by whole rows (=1), in one run each on
 # the same GPU; then ncu of the lean kernel and of bench/tools/lean_probe.cu's fp8 on 32q/8kv batch 8 x 32k; then
 # the DecodeGpu tests with whatever time is left.
@@ -22,7 +22,7 @@ K=./build-device/kvpack
 GRID="--formats fp8 --shapes 32/8/128,8/1/128 --batch 1,8,64 --context 32k,128k"
 : > "$OUT/bench.log"
 for v in old k0 k1; do
-  case $v in old) env="KVPACK_NO_LEAN=1";; k0) env="KVPACK_LEAN_KROWS=0";; k1) env="KVPACK_LEAN_KROWS=1";; esac
+  case $v in old) env="KVPACK_LEAN_FP8=0";; k0) env="KVPACK_LEAN_FP8=1 KVPACK_LEAN_KROWS=0";; k1) env="KVPACK_LEAN_FP8=1 KVPACK_LEAN_KROWS=1";; esac
   echo "== $v ($env)" >> "$OUT/bench.log"
   env $env $K bench $GRID --json "$OUT/bench_$v.json" 2>&1 | grep -vE " write" >> "$OUT/bench.log"
   stamp "bench $v rc=$?"

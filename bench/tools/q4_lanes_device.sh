@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on branches q4-lane / q3-lane (bench/NOTES.md v33, v34): build; the write-path / dequantiser GPU
-# tests (the lane layouts byte-exact against the CPU reference); the product's bench for fp8 (regular kernel,
-# KVPACK_NO_LEAN=1) and fp8 + the lane formats (lean kernels; LEAN_FORMATS, default fp8,q4,q3) on the same GPU; then
+# tests (the lane layouts byte-exact against the CPU reference); the product's bench for fp8 (regular kernel, the
+# default) and fp8 (lean, KVPACK_LEAN_FP8=1) + the lane formats (LEAN_FORMATS, default fp8,q4,q3) on the same GPU; then
 # the DecodeGpu tests with whatever time is left (LIMIT_S, default 560).
 # SKIP_REGULAR=1 skips the regular fp8 run; SHAPES / BATCHES / CONTEXTS set the grid, BENCH_EXTRA adds bench options;
 # FIRST_TESTS / LAST_TESTS gtest filters.
@@ -23,10 +23,10 @@ K=./build-device/kvpack
 GRID="--shapes ${SHAPES:-32/8/128,8/1/128} --batch ${BATCHES:-1,8,64} --context ${CONTEXTS:-32k,128k} ${BENCH_EXTRA:-}"
 : > "$OUT/bench.log"
 if [ -z "${SKIP_REGULAR:-}" ]; then
-  KVPACK_NO_LEAN=1 $K bench --formats fp8 $GRID --json "$OUT/bench_fp8_regular.json" 2>&1 | grep -vE " write" > "$OUT/bench.log"
+  $K bench --formats fp8 $GRID --json "$OUT/bench_fp8_regular.json" 2>&1 | grep -vE " write" > "$OUT/bench.log"
   stamp "bench regular fp8 rc=$?"
 fi
-$K bench --formats ${LEAN_FORMATS:-fp8,q4,q3} $GRID --json "$OUT/bench_lean.json" 2>&1 | grep -vE " write" >> "$OUT/bench.log"
+KVPACK_LEAN_FP8=1 $K bench --formats ${LEAN_FORMATS:-fp8,q4,q3} $GRID --json "$OUT/bench_lean.json" 2>&1 | grep -vE " write" >> "$OUT/bench.log"
 stamp "bench lean rc=$?"; cat "$OUT/bench.log"
 left=$(( ${LIMIT_S:-560} - ($(date +%s) - t0) ))
 stamp "DecodeGpu tests, $left s left"

@@ -832,6 +832,8 @@ inline int lean_splits(const DecodeKernelParams& kp) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(int64_t{kp.num_splits} * 8, kp.max_chunks)));
 }
 
+// fp8's lean kernel is opt-in (KVPACK_LEAN_FP8=1): measured at 0.87-0.94x of the regular kernel (H100, 2026-12-06,
+// bench/NOTES.md v34), so the regular kernel stays fp8's default.
 inline bool lean_fp8_applies(int head_dim) {
   static const int cc = [] {
     int dev = 0, major = 0;
@@ -841,7 +843,8 @@ inline bool lean_fp8_applies(int head_dim) {
     }
     return major;
   }();
-  return head_dim == 128 && cc >= 9 && !std::getenv("KVPACK_NO_LEAN");
+  const char* on = std::getenv("KVPACK_LEAN_FP8");
+  return head_dim == 128 && cc >= 9 && on && std::atoi(on) != 0;
 }
 
 // q4 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.

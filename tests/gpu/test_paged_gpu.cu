@@ -404,7 +404,7 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
             ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
           }
         }
-      // A plan for a much longer max_context: fp8's lean kernel then runs one warp per chunk instead of one CTA per
+      // A plan for a much longer max_context: the lean kernel (q4, q3; fp8 with KVPACK_LEAN_FP8=1) then runs one warp per chunk instead of one CTA per
       // chunk (decode_lean.cuh, leaf mode), with the same bits.
       {
         AttnResult r = run_attention(pb, db, q, qo, true, 4, 3, int64_t{1} << 20);
