@@ -10,6 +10,7 @@
 
 #include "kvpack/bf16.h"
 #include "kvpack/block/layout.h"
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
 #include "kvpack/paged.h"
@@ -108,7 +109,8 @@ TEST(PagedWriteRef, Bf16RoundTripAndPaddingSkipped) {
 }
 
 // Every supported format: the layout's byte counts are the block table's, and a token's codes and metadata sit
-// exactly where docs/FORMATS.md says (codes at t*C, metadata at page_size*C + t*M), holding the block core's bytes.
+// exactly where docs/FORMATS.md says (codes at t*C, metadata at page_size*C + t*M; q4, q3: their lane layout), holding
+// the block core's bytes.
 TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
   std::mt19937 rng(21);
   std::normal_distribution<float> nd;
@@ -119,8 +121,9 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
       const int P = 32, H = 3;
       const PagedLayout l = make_paged_layout(f, P, H, D);
       const auto bl = block::block_layout(f, D);
-      EXPECT_EQ(l.code_bytes_per_token, bl.code_bytes);
-      EXPECT_EQ(l.meta_bytes_per_token, bl.meta_bytes);
+      EXPECT_EQ(l.lanes, f == Format::q4 || f == Format::q3);
+      EXPECT_EQ(l.code_bytes_per_token, l.lanes ? bl.bytes() : bl.code_bytes);
+      EXPECT_EQ(l.meta_bytes_per_token, l.lanes ? 0 : bl.meta_bytes);
       EXPECT_EQ(l.head_block_bytes % 16, 0);
       EXPECT_GE(l.head_block_bytes, int64_t{P} * bl.bytes());
       const int64_t pages = 2;
@@ -133,8 +136,8 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
       const bool q = info.sink_tokens > 0;
       QHostParams qk, qv;
       if (q) {
-        qk = synthetic_q_params(f, H, D, 1);
-        qv = synthetic_q_params(f, H, D, 2);
+        qk = synthetic_q_params(f, false, H, D, 1);
+        qv = synthetic_q_params(f, true, H, D, 2);
         fp.qk = qk.table();
         fp.qv = qv.table();
       }
@@ -159,6 +162,32 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
         if (f == Format::q3 && D == 64) block::Q3Block<64>::encode(qp, x.data(), codes.data(), meta.data());
         if (f == Format::q3 && D == 128) block::Q3Block<128>::encode(qp, x.data(), codes.data(), meta.data());
         const uint8_t* blk = kp.data() + 1 * l.page_bytes() + h * l.head_block_bytes;
+        if (l.lanes) {
+          // The lane layout: token 5 is token 5 of unit 0; its halves and bytes hold the block's codes and scale
+          // byte (block/q_lanes.h), every other byte of the head block is untouched.
+          auto check = [&]<int DD, int B>() {
+            using L = block::QLanes<B, DD, false>;
+            int kc[DD];
+            block::QBlock<DD, 2 * B>::unpack(qp, codes.data(), kc);
+            std::vector<bool> mine(l.head_block_bytes, false);
+            for (int j = 0; j < L::kPieces; ++j) {
+              const int o = L::piece_offset(5, j);
+              const int got = L::piece_bytes(j) == 2 ? blk[o] | (blk[o + 1] << 8) : blk[o];
+              EXPECT_EQ(got, L::piece_value(kc, meta[0], j)) << format_name(f) << " D=" << DD << " piece " << j;
+              for (int b = 0; b < L::piece_bytes(j); ++b) mine[o + b] = true;
+            }
+            for (int64_t i = 0; i < l.head_block_bytes; ++i)
+              if (!mine[i]) ASSERT_EQ(blk[i], 0xA5) << format_name(f) << " D=" << DD << " byte " << i;
+          };
+          if (f == Format::q4) {
+            if (D == 64) check.template operator()<64, 4>();
+            else check.template operator()<128, 4>();
+          } else {
+            if (D == 64) check.template operator()<64, 3>();
+            else check.template operator()<128, 3>();
+          }
+          continue;
+        }
         EXPECT_EQ(0, std::memcmp(blk + 5 * bl.code_bytes, codes.data(), bl.code_bytes)) << format_name(f) << " D=" << D;
         if (bl.meta_bytes)
           EXPECT_EQ(0, std::memcmp(blk + P * bl.code_bytes + 5 * bl.meta_bytes, meta.data(), bl.meta_bytes));
@@ -166,6 +195,73 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
       }
     }
   }
+}
+
+// The lane layouts (block/q_lanes.h): the 16 tokens' halves and bytes tile the unit exactly once, offsets worked out
+// by hand from docs/FORMATS.md, and random codes and scale bytes survive store_token / load_token for all 16 tokens.
+template <int B, int D, bool V>
+void lanes_roundtrip(uint64_t seed) {
+  using L = block::QLanes<B, D, V>;
+  std::vector<int> owner(L::kUnitBytes, -1);
+  for (int t = 0; t < 16; ++t)
+    for (int j = 0; j < L::kPieces; ++j) {
+      const int o = L::piece_offset(t, j), n = L::piece_bytes(j);
+      ASSERT_TRUE(o >= 0 && o + n <= L::kUnitBytes && o % n == 0) << o;
+      for (int b = 0; b < n; ++b) {
+        ASSERT_EQ(owner[o + b], -1) << "B=" << B << " D=" << D << " V=" << V << " t=" << t << " j=" << j;
+        owner[o + b] = t;
+      }
+    }
+  for (int x : owner) ASSERT_GE(x, 0);
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> unit(L::kUnitBytes, 0x5A);
+  std::vector<std::vector<int>> codes(16, std::vector<int>(D));
+  std::vector<uint8_t> scales(16);
+  for (int t = 0; t < 16; ++t) {
+    for (int c = 0; c < D; ++c) codes[t][c] = static_cast<int>(rng() % (1u << L::bits(c / 8)));
+    scales[t] = static_cast<uint8_t>(rng());
+    L::store_token(codes[t].data(), scales[t], t, unit.data());
+  }
+  for (int t = 15; t >= 0; --t) {
+    std::vector<int> k(D, -1);
+    uint8_t e = 0;
+    L::load_token(unit.data(), t, k.data(), e);
+    EXPECT_EQ(k, codes[t]) << "B=" << B << " D=" << D << " V=" << V << " t=" << t;
+    EXPECT_EQ(e, scales[t]);
+  }
+}
+
+TEST(QLanes, PiecesTileTheUnitAndRoundTrip) {
+  lanes_roundtrip<4, 64, false>(1);
+  lanes_roundtrip<4, 64, true>(2);
+  lanes_roundtrip<4, 128, false>(3);
+  lanes_roundtrip<4, 128, true>(4);
+  lanes_roundtrip<3, 64, false>(5);
+  lanes_roundtrip<3, 64, true>(6);
+  lanes_roundtrip<3, 128, false>(7);
+  lanes_roundtrip<3, 128, true>(8);
+  // q4 K, D = 128: token 9 (g = 1, second 8), lane q = 2, word 3, member 1 -> j = (2 * 4 + 3) * 2 + 1 = 23; lane
+  // 4 * 1 + 2 = 6, share byte 16 + 12 + 2 = 30 -> piece 1, byte 14: (32 + 6) * 16 + 14 = 622.
+  EXPECT_EQ((block::Q4Lanes<128, false>::piece_offset(9, 23)), 622);
+  // q4 V, D = 128: token 11 (pair (10, 11) of the second 8: q = 1, odd -> hi half), member g = 5, word 2 -> j = 22;
+  // lane 4 * 5 + 1 = 21, share byte 16 + 8 + 2 = 26 -> piece 1, byte 10: (32 + 21) * 16 + 10 = 858.
+  EXPECT_EQ((block::Q4Lanes<128, true>::piece_offset(11, 22)), 858);
+  // q3 K, D = 64 (slots: 0 = half, 1 = byte): token 10 (g = 2, row 1), lane q = 3, the byte, member 1 ->
+  // j = (3 * 2 + 1) * 2 + 1 = 15; lane 4 * 2 + 3 = 11, share word 3 * 0 + 2 = 2, byte r + 2 m = 3 -> s = 11:
+  // word-major ((11 / 4) * 32 + 11) * 4 + 3 = 303.
+  EXPECT_EQ((block::Q3Lanes<64, false>::piece_offset(10, 15)), 303);
+  // q3 V, D = 128 (slots: halves 0, 1, bytes 2, 3): token 3 (pair (2, 3): q = 1, odd, row 0), member g = 6, slot 1
+  // (the second half) -> j = 6 * 4 + 1 = 25; lane 4 * 6 + 1 = 25, share word 3 * 1 + 0 = 3, byte 2 m = 2 -> s = 14:
+  // ((14 / 4) * 32 + 25) * 4 + 2 = 486.
+  EXPECT_EQ((block::Q3Lanes<128, true>::piece_offset(3, 25)), 486);
+  // The widths are the calibration's pattern, summing to the logical block's code bytes.
+  for (int B : {4, 3})
+    for (int D : {64, 128})
+      for (bool v : {false, true}) {
+        int sum = 0;
+        for (int g = 0; g < D / 8; ++g) sum += block::lane_group_bits(B, D, v, g);
+        EXPECT_EQ(sum, block::q_code_bytes(2 * B, D));
+      }
 }
 
 TEST(DecodeRef, SingleTokenReturnsItsValueAndFp32MatchesFp64) {
@@ -211,7 +307,7 @@ TEST(DecodeRef, SinkTokensAreReadExactly) {
   std::normal_distribution<float> nd;
   const int H = 2, D = 64, n = kSinkTokens;
   const PagedLayout lq = make_paged_layout(Format::q4, 16, H, D), lb = make_paged_layout(Format::bf16, 16, H, D);
-  QHostParams qk = synthetic_q_params(Format::q4, H, D, 3), qv = synthetic_q_params(Format::q4, H, D, 4);
+  QHostParams qk = synthetic_q_params(Format::q4, false, H, D, 3), qv = synthetic_q_params(Format::q4, true, H, D, 4);
   FormatParams fp;
   fp.qk = qk.table();
   fp.qv = qv.table();

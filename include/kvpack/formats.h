@@ -15,6 +15,10 @@ enum class Format : int { bf16 = 0, fp8, int4, int4h, q4, q3_5, q3 };
 // FormatInfo::sink_tokens is this or 0; kernels use it as a compile-time bound.
 inline constexpr int kSinkTokens = 4;
 
+// Formats with one fixed width pattern per (head_dim, K|V), stored in the paged cache's lane layout
+// (include/kvpack/block/q_lanes.h): their code bits per element (with the scale byte), else 0.
+constexpr int lane_bits(Format f) { return f == Format::q4 ? 4 : f == Format::q3 ? 3 : 0; }
+
 struct FormatInfo {
   Format id;
   std::string_view name;      // CLI/JSON/docs name: "bf16", "fp8", "int4", "int4h", "q4", "q3.5", "q3"

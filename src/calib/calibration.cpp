@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/calibration.h"
 #include "kvpack/error.h"
 #include "kvpack/safetensors.h"
@@ -260,6 +261,13 @@ Calibration Calibration::load_impl(const std::string& path, const ModelConfig* e
       }
       KVPACK_CHECK(sum == want_bytes, "calibration file {}: {}.group_bits of slot {} sum to {} bytes, the block needs {}",
                    path, n, s, sum, want_bytes);
+      if (const int lb = lane_bits(f))
+        for (int g = 0; g < D / 8; ++g)
+          KVPACK_CHECK(t.group_bits[static_cast<size_t>(s) * (D / 8) + g] ==
+                           block::lane_group_bits(lb, static_cast<int>(D), s % 2 == 1, g),
+                       "calibration file {}: {}.group_bits of slot {} ({}) are not {}'s fixed {} pattern (a file made "
+                       "before {}'s lane layout): recalibrate with `kvpack calibrate`",
+                       path, n, s, s % 2 == 1 ? "V" : "K", n, s % 2 == 1 ? "V" : "K", n);
     }
     t.derive();
   }

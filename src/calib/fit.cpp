@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/block/qx.h"
 #include "kvpack/error.h"
 
@@ -199,7 +200,12 @@ void fit_q_slot(const SlotStats& s, QFormatTables& t, int slot) {
   std::vector<double> energy(G, 0.0);
   for (int c = 0; c < D; ++c) energy[c / 8] += g_sorted[c];
   std::vector<int> bits(G, 0);
-  for (int left = budget; left > 0; --left) {
+  // q4, q3: the fixed pattern of their lane layout (include/kvpack/block/q_lanes.h), the same for every slot, so the
+  // decode kernel's masks are compile-time constants; the greedy allocation below is q3.5's.
+  const int lanes = t.bits_x2 % 2 == 0 ? t.bits_x2 / 2 : 0;
+  if (lanes)
+    for (int g = 0; g < G; ++g) bits[g] = block::lane_group_bits(lanes, D, slot % 2 == 1, g);
+  for (int left = lanes ? 0 : budget; left > 0; --left) {
     int best = -1;
     double gain = -1;
     for (int g = 0; g < G; ++g) {

@@ -173,8 +173,8 @@ DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_co
   m.v_pool = dmalloc<uint8_t>(pool);
   const int sink_tokens = format_info(shape.format).sink_tokens;
   if (sink_tokens > 0) {
-    m.params.qk = m.upload_q(synthetic_q_params(shape.format, shape.num_kv_heads, shape.head_dim, seed));
-    m.params.qv = m.upload_q(synthetic_q_params(shape.format, shape.num_kv_heads, shape.head_dim, seed + 1));
+    m.params.qk = m.upload_q(synthetic_q_params(shape.format, false, shape.num_kv_heads, shape.head_dim, seed));
+    m.params.qv = m.upload_q(synthetic_q_params(shape.format, true, shape.num_kv_heads, shape.head_dim, seed + 1));
     const size_t se = size_t(max_batch) * sink_tokens * shape.num_kv_heads * shape.head_dim;
     m.k_sinks = dmalloc<uint16_t>(se);
     m.v_sinks = dmalloc<uint16_t>(se);

@@ -109,6 +109,41 @@ struct DecodeKernelParams {
   int sink_tokens;           // 0 for formats without sinks
 };
 
+// Sequence b's length, read on the device (the grid never depends on it), clamped to [0, max_context] (`over`: it
+// was longer), and its page-table row. Every decode kernel reads the page table through this.
+__device__ __forceinline__ int64_t seq_len_of(const DecodeKernelParams& p, int b, int64_t& row, bool& over) {
+  int64_t len;
+  if (p.table.row_start) {
+    const int r0 = p.table.row_start[b], r1 = p.table.row_start[b + 1];
+    row = r0;
+    len = p.table.seq_lens ? p.table.seq_lens[b]
+                           : (r1 - r0 <= 0 ? 0 : int64_t(r1 - r0 - 1) * p.page_size + p.table.last_page_len[b]);
+  } else {
+    row = int64_t{b} * p.table.row_stride;
+    len = p.table.seq_lens[b];
+  }
+  over = len > p.max_context;
+  return len < 0 ? 0 : over ? p.max_context : len;
+}
+// Attention sinks of sequence b (len tokens): how many of its first positions come from the exact bf16 sink pool
+// (0 without a sink row), its sink row, and `bad`: a row outside the pool (status bit 2).
+__device__ __forceinline__ int sink_count(const DecodeKernelParams& p, int b, int64_t len, int64_t& sink_row, bool& bad) {
+  sink_row = 0;
+  bad = false;
+  if (p.sink_tokens <= 0 || !p.sink_rows) return 0;
+  sink_row = p.sink_rows[b];
+  bad = sink_row >= p.num_sink_rows;
+  return sink_row >= 0 && !bad ? (len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens) : 0;
+}
+
+// f16 operands: the power of two 2^E that puts a vector's largest magnitude mx in [2^13, 2^14) (full f16
+// precision, far from overflow); the fp32 result is scaled back by 2^-E exactly. E = 0 for mx 0 or not finite.
+__device__ __forceinline__ int f16_range_exponent(float mx) {
+  int e = 0;
+  if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
+  return mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
+}
+
 // Per-thread octet state of a format: the q formats' group offset and width (OctetCtx), nothing for the others.
 template <class P, bool = P::kQ>
 struct CtxOf {
@@ -312,35 +347,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int H = p.num_kv_heads;
 
-  // Sequence length and page-table row, read on the device (the grid never depends on them).
-  int64_t len, row;
-  if (p.table.row_start) {
-    const int r0 = p.table.row_start[b], r1 = p.table.row_start[b + 1];
-    row = r0;
-    len = p.table.seq_lens ? p.table.seq_lens[b]
-                           : (r1 - r0 <= 0 ? 0 : int64_t(r1 - r0 - 1) * p.page_size + p.table.last_page_len[b]);
-  } else {
-    row = int64_t{b} * p.table.row_stride;
-    len = p.table.seq_lens[b];
-  }
-  if (len < 0) len = 0;
-  if (len > p.max_context) {
-    if (split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 2);
-    len = p.max_context;
-  }
+  int64_t row;
+  bool over, bad_sink;
+  const int64_t len = seq_len_of(p, b, row, over);
+  if (over && split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 2);
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
   // Attention sinks: positions < n_sink come from the exact bf16 sink pool (folded in by the merging CTA) and are
   // masked out of the chunks.
-  int n_sink = 0;
-  int64_t sink_row = 0;
-  if (p.sink_tokens > 0 && p.sink_rows) {
-    sink_row = p.sink_rows[b];
-    if (sink_row >= 0 && sink_row < p.num_sink_rows) {
-      n_sink = len < p.sink_tokens ? static_cast<int>(len) : p.sink_tokens;
-    } else if (sink_row >= p.num_sink_rows) {
-      if (split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 4);
-    }
-  }
+  int64_t sink_row;
+  const int n_sink = sink_count(p, b, len, sink_row, bad_sink);
+  if (bad_sink && split == 0 && h == 0 && tid == 0 && p.status) atomicOr(p.status, 4);
 
   // The query, scaled once (softmax scale, log2 e, per-head format scale): never per element of K.
   const float qs = p.qk_scale_log2 * P::q_scale(p.fp, h);
@@ -412,9 +428,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(red_s[warp * D + c]));
 #pragma unroll
         for (int off = 16; off >= 1; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        int e = 0;
-        if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
-        const int E = mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
+        const int E = f16_range_exponent(mx);
         if (lane == 0) {
           qscale_s[warp] = ldexpf(1.f, E);
           qunscale_s[warp] = ldexpf(1.f, -E);
@@ -1454,9 +1468,14 @@ void launch_decode(const DecodeKernelParams& kp, int batch, cudaStream_t stream)
   decode_kernel<P, D, GMAX, kMin><<<grid, kThreads, smem, stream>>>(kp);
 }
 
+// The lean kernel (decode_lean.cuh: fp8 at head_dim 128 on sm_90, q4 always): defined in decode_lean.cu; returns false when it
+// does not apply (then the regular kernel runs).
+bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, int batch, cudaStream_t st);
+
 // Launch for one format: instantiated in decode_<format>.cu.
 template <class P>
 void launch_decode_format(const DecodeKernelParams& kp, int head_dim, int batch, cudaStream_t st) {
+  if (launch_lean_decode(P::kFormat, kp, head_dim, batch, st)) return;
   KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&] {
     if (kp.group == 1) launch_decode<P, D, 1>(kp, batch, st);
     else if (kp.group == 2) launch_decode<P, D, 2>(kp, batch, st);

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "format_policy.cuh"
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
 
@@ -186,7 +187,14 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   float* t_s = F + D * kF;                           // [kTok][kRow] centred inputs
   float* y_s = G::kTiles ? t_s : t_s + kTok * kRow;  // [kTok][kRow] transformed coefficients
   __shared__ float inv_tau_s[kTok];
-  __shared__ uint8_t* codes_s[kTok];  // each token's code row in the pool, nullptr when not written
+  __shared__ uint8_t* codes_s[kTok];  // each token's code row in the pool (q4, q3: its unit), nullptr when not written
+  // q4, q3 (lane layout, block/q_lanes.h): each token's logical block (the block core's code bytes and scale byte),
+  // built here first, then stored piece by piece (16-bit halves, 8-bit bytes) into its unit.
+  constexpr int kLaneBits = lane_bits(P::kFormat);
+  constexpr bool kLanes = kLaneBits != 0;
+  constexpr int kBlk = kLanes ? kCode + 1 : 1;
+  __shared__ uint8_t blk_s[kLanes ? kTok : 1][kBlk];
+  __shared__ uint8_t tin_s[kLanes ? kTok : 1];  // the token's index in its unit
   __shared__ int goff_s[kGroups];
   // The per-channel tables the scale search and the quantiser read for every candidate and channel (17 x D reads
   // per token), staged once per CTA: the same values, so the same bits, without a global-memory load in the
@@ -292,13 +300,40 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
     uint8_t* blk = tok < num_tokens ? slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes,
                                                  kv ? v_pool : k_pool, status, off)
                                     : nullptr;
-    if (blk) blk[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
-    codes_s[threadIdx.x] = blk ? blk + int64_t{off} * kCode : nullptr;
+    if constexpr (kLanes) {
+      blk_s[threadIdx.x][kCode] = e;
+      tin_s[threadIdx.x] = static_cast<uint8_t>(off % 16);
+      codes_s[threadIdx.x] = blk ? blk + int64_t{off / 16} * 16 * (kCode + 1) : nullptr;
+    } else {
+      if (blk) blk[int64_t{page_size} * kCode + int64_t{off} * kMeta] = e;
+      codes_s[threadIdx.x] = blk ? blk + int64_t{off} * kCode : nullptr;
+    }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < kTok * kGroups; i += blockDim.x) {
     const int tt = i / kGroups, g = i % kGroups;
-    if (uint8_t* row = codes_s[tt]) Block::quantize_group(p, y_s + tt * kRow, inv_tau_s[tt], g, goff_s[g], row);
+    if (uint8_t* row = codes_s[tt])
+      Block::quantize_group(p, y_s + tt * kRow, inv_tau_s[tt], g, goff_s[g], kLanes ? blk_s[tt] : row);
+  }
+  if constexpr (kLanes) {
+    // One thread per (token, piece): the piece's bits from the logical block, one 16- or 8-bit store (a piece holds
+    // bits of its token only, so tokens written by other launches or threads are never touched).
+    __syncthreads();
+    using L = block::QLanes<kLaneBits ? kLaneBits : 4, D, false>;
+    using LV = block::QLanes<kLaneBits ? kLaneBits : 4, D, true>;
+    static_assert(L::kPieces == LV::kPieces, "K and V tokens own as many pieces");
+    for (int i = threadIdx.x; i < kTok * L::kPieces; i += blockDim.x) {
+      const int tt = i / L::kPieces, j = i % L::kPieces;
+      uint8_t* unit = codes_s[tt];
+      if (!unit) continue;
+      const uint8_t* lb = blk_s[tt];
+      auto code_of = [&](int c) { return Block::group_code(lb + goff_s[c / 8], gbits_s[c / 8], c % 8); };
+      const int t = tin_s[tt];
+      const int o = kv ? LV::piece_offset(t, j) : L::piece_offset(t, j);
+      const uint16_t h = kv ? LV::piece_value_of(code_of, lb[kCode], j) : L::piece_value_of(code_of, lb[kCode], j);
+      if ((kv ? LV::piece_bytes(j) : L::piece_bytes(j)) == 2) *reinterpret_cast<uint16_t*>(unit + o) = h;
+      else unit[o] = static_cast<uint8_t>(h);
+    }
   }
 }
 
@@ -360,9 +395,22 @@ __global__ void dequant_pages_q_kernel(const uint8_t* __restrict__ pool, int64_t
   const int64_t r = idx / page_size;  // page * num_kv_heads + head
   const int head = static_cast<int>(r % num_kv_heads);
   const uint8_t* block = pool + r * head_block_bytes;
-  P::template Block<D>::decode((is_v ? params.qv : params.qk).head(head, D), block + int64_t{off} * P::code_bytes(D),
-                               block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D),
-                               out + idx * D);
+  const block::QParams qp = (is_v ? params.qv : params.qk).head(head, D);
+  if constexpr (constexpr int kLaneBits = lane_bits(P::kFormat)) {
+    // The lane layout: the token's pieces back into its logical block (block/q_lanes.h), then the block core.
+    const uint8_t* unit = block + int64_t{off / 16} * 16 * (P::code_bytes(D) + 1);
+    int k[D];
+    uint8_t lb[P::code_bytes(D) + 1], e = 0;
+    if (is_v) block::QLanes<kLaneBits, D, true>::load_token(unit, off % 16, k, e);
+    else block::QLanes<kLaneBits, D, false>::load_token(unit, off % 16, k, e);
+    P::template Block<D>::pack(qp, k, lb);
+    lb[P::code_bytes(D)] = e;
+    P::template Block<D>::decode(qp, lb, lb + P::code_bytes(D), out + idx * D);
+  } else {
+    P::template Block<D>::decode(qp, block + int64_t{off} * P::code_bytes(D),
+                                 block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D),
+                                 out + idx * D);
+  }
 }
 
 template <class P, int D>
@@ -418,7 +466,10 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
       KVPACK_CU_CHECK(a.params.qk.valid() && a.params.qv.valid(),
                       "write_kv: format '{}' needs its calibrated parameters (params.qk and params.qv)",
                       format_name(l.format));
-    KVPACK_CU_CHECK(P::code_bytes(l.head_dim) == l.code_bytes_per_token && P::meta_bytes(l.head_dim) == l.meta_bytes_per_token,
+    constexpr bool kLanes = lane_bits(P::kFormat) != 0;  // lane layout: codes and scale byte together
+    KVPACK_CU_CHECK(l.lanes == kLanes &&
+                        P::code_bytes(l.head_dim) + (kLanes ? P::meta_bytes(l.head_dim) : 0) == l.code_bytes_per_token &&
+                        (kLanes ? 0 : P::meta_bytes(l.head_dim)) == l.meta_bytes_per_token,
                  "write_kv: layout token bytes ({} + {}) disagree with the kernel's format '{}'",
                  l.code_bytes_per_token, l.meta_bytes_per_token, format_name(l.format));
     KVPACK_DISPATCH_HEAD_DIM(l.head_dim, D, [&] {

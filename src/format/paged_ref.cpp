@@ -8,6 +8,7 @@
 
 #include "kvpack/bf16.h"
 #include "kvpack/block/layout.h"
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
 #include "kvpack/paged.h"
@@ -64,6 +65,11 @@ PagedLayout make_paged_layout(Format format, int page_size, int num_kv_heads, in
   l.head_dim = head_dim;
   l.code_bytes_per_token = tb.code;
   l.meta_bytes_per_token = tb.meta;
+  if (lane_bits(format)) {  // the lane layout: a token's codes and scale byte together, in units of 16 tokens
+    l.lanes = true;
+    l.code_bytes_per_token = tb.code + tb.meta;
+    l.meta_bytes_per_token = 0;
+  }
   int64_t raw = int64_t{page_size} * (tb.code + tb.meta);
   l.head_block_bytes = (raw + 15) / 16 * 16;  // 16-byte aligned so every load can be 16 bytes wide
   return l;
@@ -121,6 +127,39 @@ std::vector<int32_t> slots_from_csr(const CsrPageTable& t, int page_size, const 
 }
 
 namespace {
+// The lane layout (q4, q3): the unit holding token `off` of a (page, head) block, and the token's index in it.
+template <class Pool>
+Pool* lane_unit(const PagedLayout& l, Pool* pool, int64_t page, int head, int off) {
+  return pool + page * l.page_bytes() + head * l.head_block_bytes + int64_t{off / 16} * 16 * l.code_bytes_per_token;
+}
+// fn.template operator()<Block, Lanes>() with the block core and lane layout of (format, D, K|V).
+template <int D, class Fn>
+void with_lanes(Format f, bool is_v, Fn&& fn) {
+  if (f == Format::q4) {
+    if (is_v) fn.template operator()<block::Q4Block<D>, block::Q4Lanes<D, true>>();
+    else fn.template operator()<block::Q4Block<D>, block::Q4Lanes<D, false>>();
+  } else {
+    if (is_v) fn.template operator()<block::Q3Block<D>, block::Q3Lanes<D, true>>();
+    else fn.template operator()<block::Q3Block<D>, block::Q3Lanes<D, false>>();
+  }
+}
+template <int D>
+void lane_store(Format f, const block::QParams& p, bool is_v, const uint8_t* codes, uint8_t e, uint8_t* unit, int t) {
+  with_lanes<D>(f, is_v, [&]<class Blk, class L>() {
+    int k[D];
+    Blk::unpack(p, codes, k);
+    L::store_token(k, e, t, unit);
+  });
+}
+template <int D>
+void lane_load(Format f, const block::QParams& p, bool is_v, const uint8_t* unit, int t, uint8_t* codes, uint8_t& e) {
+  with_lanes<D>(f, is_v, [&]<class Blk, class L>() {
+    int k[D];
+    L::load_token(unit, t, k, e);
+    Blk::pack(p, k, codes);
+  });
+}
+
 uint8_t* token_codes(const PagedLayout& l, uint8_t* pool, int64_t page, int head, int off) {
   return pool + page * l.page_bytes() + head * l.head_block_bytes + int64_t{off} * l.code_bytes_per_token;
 }
@@ -181,6 +220,15 @@ void paged_write_ref(const PagedLayout& l, uint8_t* k_pool, uint8_t* v_pool, int
       for (int kv = 0; kv < 2; ++kv) {
         uint8_t* pool = kv ? v_pool : k_pool;
         const uint16_t* x = (kv ? v : k) + i * stride + int64_t{h} * l.head_dim;
+        if (l.lanes) {  // the logical block, then its halves and bytes into the unit
+          uint8_t codes[64], e = 0;
+          encode_token_ref(l, x, codes, &e, h, kv == 1, params);
+          const block::QParams qp = q_table(params, kv == 1, l.format).head(h, l.head_dim);
+          uint8_t* unit = lane_unit(l, pool, page, h, off);
+          if (l.head_dim == 64) lane_store<64>(l.format, qp, kv == 1, codes, e, unit, off % 16);
+          else lane_store<128>(l.format, qp, kv == 1, codes, e, unit, off % 16);
+          continue;
+        }
         uint8_t* codes = token_codes(l, pool, page, h, off);
         uint8_t* meta = pool + page * l.page_bytes() + h * l.head_block_bytes + l.meta_offset() +
                         int64_t{off} * l.meta_bytes_per_token;
@@ -212,6 +260,16 @@ void dequant_d(const PagedLayout& l, const uint8_t* codes, const uint8_t* meta, 
 
 void dequant_token_ref(const PagedLayout& l, const uint8_t* pool, int64_t page, int h, int off, bool is_v,
                        const FormatParams& p, float* out, bool stored_basis) {
+  if (l.lanes) {  // the token's halves and bytes back into its logical block, then the block core's decoder
+    uint8_t codes[64], e = 0;
+    const block::QParams qp = q_table(p, is_v, l.format).head(h, l.head_dim);
+    const uint8_t* unit = lane_unit(l, pool, page, h, off);
+    if (l.head_dim == 64) lane_load<64>(l.format, qp, is_v, unit, off % 16, codes, e);
+    else lane_load<128>(l.format, qp, is_v, unit, off % 16, codes, e);
+    if (l.head_dim == 64) dequant_d<64>(l, codes, &e, h, is_v, p, out, false);
+    else dequant_d<128>(l, codes, &e, h, is_v, p, out, false);
+    return;
+  }
   const uint8_t* codes = token_codes(l, pool, page, h, off);
   const uint8_t* meta = pool + page * l.page_bytes() + h * l.head_block_bytes + l.meta_offset() +
                         int64_t{off} * l.meta_bytes_per_token;

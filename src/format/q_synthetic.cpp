@@ -4,6 +4,7 @@
 #include <numeric>
 #include <random>
 
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/error.h"
 #include "kvpack/paged.h"
 
@@ -13,7 +14,7 @@ block::QHeadTable QHostParams::table() const {
   return table_via([](const auto& v) { return v.data(); });
 }
 
-QHostParams synthetic_q_params(Format f, int num_heads, int D, uint64_t seed) {
+QHostParams synthetic_q_params(Format f, bool is_v, int num_heads, int D, uint64_t seed) {
   const int bits_x2 = f == Format::q4 ? 8 : f == Format::q3_5 ? 7 : f == Format::q3 ? 6 : 0;
   KVPACK_CHECK(bits_x2 > 0, "synthetic_q_params: '{}' is not a q format", format_name(f));
   KVPACK_CHECK(D == 64 || D == 128, "synthetic_q_params: head_dim {} is not 64 or 128", D);
@@ -75,6 +76,8 @@ QHostParams synthetic_q_params(Format f, int num_heads, int D, uint64_t seed) {
       }
       ++bits[best];
     }
+    if (const int lb = lane_bits(f))  // the fixed pattern (include/kvpack/block/q_lanes.h); the energies above are still drawn
+      for (int g = 0; g < groups; ++g) bits[g] = block::lane_group_bits(lb, D, is_v, g);
     for (int g = 0; g < groups; ++g) {
       q.group_bits[h * groups + g] = static_cast<uint8_t>(bits[g]);
       for (int i = 0; i < 8; ++i) {

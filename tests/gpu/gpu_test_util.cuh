@@ -121,8 +121,8 @@ inline PagedBatch make_batch(const PagedLayout& layout, const std::vector<int64_
     }
   }
   if (format_info(layout.format).sink_tokens > 0) {
-    pb.qk = synthetic_q_params(layout.format, layout.num_kv_heads, layout.head_dim, rng());
-    pb.qv = synthetic_q_params(layout.format, layout.num_kv_heads, layout.head_dim, rng());
+    pb.qk = synthetic_q_params(layout.format, false, layout.num_kv_heads, layout.head_dim, rng());
+    pb.qv = synthetic_q_params(layout.format, true, layout.num_kv_heads, layout.head_dim, rng());
   }
   pb.lens = lens;
   const int P = layout.page_size;

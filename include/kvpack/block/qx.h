@@ -259,6 +259,14 @@ struct QBlock {
     meta[0] = e;
   }
 
+  // Member i (0..7) of a b-bit group whose b bytes start at gbytes: bits [b i, b i + b) of the little-endian
+  // b-byte integer (the layout quantize_group writes).
+  static KVPACK_HD int group_code(const uint8_t* gbytes, int b, int i) {
+    uint32_t acc = 0;
+    const int lo = b * i, first = lo / 8, last = (lo + b - 1) / 8;
+    for (int j = first; j <= last; ++j) acc |= static_cast<uint32_t>(gbytes[j]) << (8 * (j - first));
+    return static_cast<int>((acc >> (lo - 8 * first)) & ((1u << b) - 1u));
+  }
   // Integer code of channel c (0 for 0-bit channels); what the kernel turns into fp16.
   static KVPACK_HD void unpack(const QParams& p, const uint8_t* codes, int* k) {
     int off = 0;
@@ -266,9 +274,20 @@ struct QBlock {
     for (int g = 0; g < kGroups; ++g) {
       const int b = p.group_bits[g];
       if (b == 0 || b > 8 || off + b > kCodeBytes) continue;
+      for (int i = 0; i < 8; ++i) k[8 * g + i] = group_code(codes + off, b, i);
+      off += b;
+    }
+  }
+
+  // The inverse of unpack: codes k[D] (each below 2^b of its group; 0-bit groups ignored) into the block's code bytes.
+  static KVPACK_HD void pack(const QParams& p, const int* k, uint8_t* codes) {
+    int off = 0;
+    for (int g = 0; g < kGroups; ++g) {
+      if (!group_coded(p, g, off)) continue;
+      const int b = p.group_bits[g];
       uint64_t acc = 0;
-      for (int j = 0; j < b; ++j) acc |= static_cast<uint64_t>(codes[off + j]) << (8 * j);
-      for (int i = 0; i < 8; ++i) k[8 * g + i] = static_cast<int>((acc >> (b * i)) & ((1u << b) - 1));
+      for (int i = 0; i < 8; ++i) acc |= static_cast<uint64_t>(static_cast<uint32_t>(k[8 * g + i]) & ((1u << b) - 1u)) << (b * i);
+      for (int j = 0; j < b; ++j) codes[off + j] = static_cast<uint8_t>(acc >> (8 * j));
       off += b;
     }
   }

@@ -1,0 +1,885 @@
+// The lean decode kernel (bench/NOTES.md v31-v34): fp8 (head_dim 128, sm_90), q4 and q3 (head_dim 64 and 128, sm_80+,
+// the lane layout of include/kvpack/block/q_lanes.h). Included by decode_lean.cu only.
+//
+// One warp per (sequence, kv head, split): the warp computes the 512-token chunks split, split + S, split + 2S, ...
+// of its (sequence, kv head) alone. Every lane stages exactly the 16-byte pieces it reads itself (fp8, q4), with
+// cp.async into a lane-private ring of LeanGeo::kStages steps of 32 tokens, so the main loop has no barrier and no
+// shared-memory exchange: its only synchronisation is cp.async.wait_group (q3, whose lane shares are not whole
+// 16-byte pieces, copies units whole and adds a __syncwarp on each side of the wait). Scores and P.V run on the f16 tensor cores
+// (m16n8k16, swap-AB: 16 tokens x 8 padded query heads per score tile, 16 channels x 8 heads per output tile).
+//
+// Which channels a lane holds is chosen so that its pieces are whole 16-byte runs of the page's token-major rows
+// (K: lane (g, q) holds channels [16q, 16q + 16) and [64 + 16q, 80 + 16q) of tokens g and g + 8 of a 16-token unit;
+// V: channels [16g, 16g + 16) of tokens 2q, 2q + 1, 8 + 2q, 9 + 2q); the query's fragments follow the K channels,
+// and the output's channel of each accumulator follows the V ones. Each copy instruction of a warp covers whole
+// 32-byte sectors (a 16-byte copy per lane at a 32-byte stride would move every sector twice: v31).
+//
+// Numerical definition (what makes every plan give the same bits): a chunk's partial is a left fold over its eight
+// 64-token leaves, acc = merge(acc, leaf), where a leaf is an online softmax over its two 32-token steps in order;
+// merge() and the leaf arithmetic are fixed, so the partial depends only on the chunk's tokens. The partials go to
+// the workspace slots of the regular kernel and lean_merge_kernel folds them with the same two-level tree (groups
+// of kFoldChunks chunks in order, then the groups in order).
+#pragma once
+#include <cuda_fp16.h>
+#include <cstdint>
+#include <cstdlib>
+#include <cuda_fp8.h>
+
+#include "kvpack/block/q_lanes.h"
+
+namespace kvpack::cuda_detail {
+
+constexpr int kLeanWarps = 4;    // warps per CTA (independent; the CTA only shares the SM's shared memory)
+constexpr int kLeanStepTok = 32; // tokens per step: two 16-token units
+// Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more, so a warp's
+// ring also holds its two leaves at its smaller steps), its 16-byte copies per lane and step (fp8: 2 tokens x 32
+// channels or 16 channels x 4 tokens = 64 bytes per unit, K and V; q4 / q3: the step's 4 units of 2 QB D bytes), and
+// the q formats' extra shared memory (the 256 scales tau(e) and 8 heads' x 3 query constants; the query preparation
+// itself borrows the rings before the first copy).
+template <int D, int QB>
+struct LeanGeo {
+  static constexpr bool kQ = QB != 0;
+  static constexpr int kStages = QB == 3 ? 4 : 3;
+  static constexpr int kUnitBytes = kQ ? 2 * QB * D : 16 * D;  // one 16-token unit of K (or V)
+  static constexpr int kPieces = 4 * kUnitBytes / (32 * 16);  // per lane and step
+  static constexpr int kStageBytes = kPieces * 32 * 16;        // per warp
+  static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
+  static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
+  static constexpr size_t kSmem = kRingBytes + (kQ ? (256 + 8 * 4) * sizeof(float) : 0);
+  static_assert(kPieces * 32 * 16 == 4 * kUnitBytes, "a step is whole 16-byte copies of every lane");
+  static_assert(size_t(2) * kLeafVals * 32 * 4 <= size_t(kStages) * kStageBytes, "leaves fit a warp's ring");
+  static_assert(!kQ || kRingBytes >= (2 * 8 * D) * sizeof(float) + 8 * D * 2, "query preparation fits the rings");
+};
+
+__device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t lean_e4m3x2(uint32_t two) {
+  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return uint32_t(hr.x) | (uint32_t(hr.y) << 16);
+}
+__device__ __forceinline__ float lean_ex2(float x) {  // ex2.approx: -inf -> 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ void lean_cp16(uint32_t dst, const void* src, bool valid) {
+  // src_size 0 zero-fills the piece (tokens past the sequence: their V must be finite zeros for P.V).
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void lean_cp16_full(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ uint32_t lean_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// q4 / q3: the half2 of group i (members of a K token, or two tokens of a V member) from one row's slot words w
+// and w >> 6: one AND; the codes read as f16 subnormals code * 2^(pos' - 24) (block/q_lanes.h). i is a constant
+// after the callers' unrolling, so the word and the mask are too.
+template <class L>
+__device__ __forceinline__ uint32_t lean_q_pair(const uint32_t (&w)[L::kSlots], const uint32_t (&ws)[L::kSlots], int i) {
+  const block::LaneGroup g = L::group(i);
+  const int pos = L::shifted(i) ? g.pos - 6 : g.pos;
+  const uint32_t m = ((1u << g.w) - 1u) << pos;
+  return (L::shifted(i) ? ws[g.word] : w[g.word]) & (m | (m << 16));
+}
+// q4 / q3 V: the scale byte of the token whose bits sit at lanes 4 g' + qq (g' = 0..7) of ballot mask `bal`.
+__device__ __forceinline__ uint32_t lean_ballot_byte(uint32_t bal, int qq) {
+  uint32_t x = (bal >> qq) & 0x11111111u;
+  x = (x | (x >> 3)) & 0x03030303u;
+  x = (x | (x >> 6)) & 0x000f000fu;
+  return (x | (x >> 12)) & 0xffu;
+}
+// One lane's slot words of a unit (q4: from its own 16-byte pieces; q3: from the word-major unit), as two rows
+// (K: tokens g, g + 8; V: token pairs (2q, 2q + 1), (8 + 2q, 9 + 2q)) read at the slots' bit positions, and the
+// same >> 6. `un` is the unit's shared-memory address.
+template <class L>
+__device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0)[L::kSlots], uint32_t (&r1)[L::kSlots],
+                                            uint32_t (&s0)[L::kSlots], uint32_t (&s1)[L::kSlots]) {
+  uint32_t sw[L::kShareWords];
+  if constexpr (L::kByte == 0) {  // q4: 16-byte pieces, lane-major inside each 512-byte piece
+#pragma unroll
+    for (int k = 0; k < L::kShareWords / 4; ++k)
+      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(sw[4 * k]), "=r"(sw[4 * k + 1]), "=r"(sw[4 * k + 2]), "=r"(sw[4 * k + 3])
+                   : "r"(un + (k * 32 + lane) * 16));
+  } else {  // q3: word-major
+#pragma unroll
+    for (int k = 0; k < L::kShareWords; ++k)
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sw[k]) : "r"(un + (k * 32 + lane) * 4));
+  }
+#pragma unroll
+  for (int slot = 0; slot < L::kSlots; ++slot) {
+    r0[slot] = sw[L::share_word(slot, 0)] >> L::row_shift(slot, 0);
+    r1[slot] = sw[L::share_word(slot, 1)] >> L::row_shift(slot, 1);
+    s0[slot] = r0[slot] >> 6;
+    s1[slot] = r1[slot] >> 6;
+  }
+}
+
+// splits >= 1: warp mode, grid (ceil(H * splits / kLeanWarps), batch): warp -> (kv head, split), chunks split,
+// split + splits, ... of its sequence. splits == 0: leaf mode (small problems), grid (H * max_chunks, batch): CTA ->
+// (kv head, chunk); warp w computes leaves 2w and 2w + 1 of the chunk, and warp 0 folds the 8 leaves in order with
+// the same per-lane arithmetic as warp mode, so both modes give the same bits.
+//
+// q4 / q3 (QB = 4, 3): the codes are f16 subnormals after one AND (block/q_lanes.h), so the query fragment of channel c
+// carries q'_c 2^(24 - pos'_c) 2^E (q' = s * (G^T q), pos' the code's bit position as read, E a power of two per
+// head) and a score is tau_K (acc 2^-E - q'.o) + q.mu, tau_K from the token's scale byte (its bits gathered from the
+// quad); P.V multiplies each probability by tau_V (scale bits gathered by ballots) and accumulates L_tau = sum of those
+// f16 weights, and at a chunk's end the accumulators become sum_t p_t tau_t (k_t - o) (x 2^(24 - pos'), minus o
+// L_tau), which lean_merge_q_kernel turns into mu + G (s * .) and folds with the sink tokens. Positions below the
+// sequence's sink count are masked (the merge adds them exactly). The query preparation runs once per CTA (its 4 warps
+// share the (sequence, kv head): warp mode keeps the splits a multiple of 4).
+template <int D, int QB>
+__global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ < 900
+  if constexpr (QB == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); q4 / q3 on sm_80 too
+#endif
+  constexpr bool Q4 = QB != 0;  // a q format in the lane layout (q4 or q3)
+  using Geo = LeanGeo<D, QB>;
+  using LK = block::QLanes<QB ? QB : 4, D, false>;
+  using LV = block::QLanes<QB ? QB : 4, D, true>;
+  constexpr int kKB = D / 16;  // k-blocks of the scores, m-tiles of P.V
+  constexpr int kLeanStages = Geo::kStages;
+  constexpr int kLeanStageBytes = Geo::kStageBytes;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int H = p.num_kv_heads;
+  // Grid (ceil(H * splits / kLeanWarps), batch): it depends on the plan only, never on the lengths.
+  const bool leaf_mode = splits == 0;
+  const int b = blockIdx.y, local = blockIdx.x * kLeanWarps + warp;
+  if (!Q4 && !leaf_mode && local >= H * splits) return;  // q4: the grid has no spare warps (splits % 4 == 0)
+  const int h = leaf_mode ? static_cast<int>(blockIdx.x % H) : local / splits;
+  const int split = leaf_mode ? static_cast<int>(blockIdx.x / H) : local % splits;  // leaf mode: the chunk
+
+  int64_t row;
+  bool over;
+  const int64_t len = seq_len_of(p, b, row, over);
+  if (over && split == 0 && h == 0 && lane == 0 && p.status) atomicOr(p.status, 2);
+  const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
+  if (!Q4 && split >= n_chunks) return;  // leaf mode: the whole CTA (its chunk index), before any barrier
+
+  // ---- the query: lane (g, q) holds head g's channels base(kb) .. base(kb) + 3 for the 8 k-blocks, base(kb) =
+  // 16q + 4kb (kb < 4) or 64 + 16q + 4(kb - 4), as f16: the bf16 value times a power of two per head (largest |value|
+  // in [2^13, 2^14)), which is exact; the softmax scale, log2 e, the format's K scale and the power of two are applied
+  // to the fp32 score. Heads >= group are zero (the n8 tile's padding).
+  uint32_t qb[kKB][2];
+  float qe0 = 0.f, qe1 = 0.f;                  // fp8: the score factors of heads 2q, 2q + 1
+  float un0 = 0.f, un1 = 0.f, qo0 = 0.f, qo1 = 0.f, cz0 = 0.f, cz1 = 0.f;  // q4: 2^-E, q'.o, q.mu of heads 2q, 2q + 1
+  int n_sink = 0;
+  const float* tau_s = reinterpret_cast<const float*>(smem + Geo::kRingBytes);
+  if constexpr (!Q4) {
+  float qe_lane;  // the score factor of head g
+  {
+    float v[32];
+    const bool has = g < p.group;
+    const uint16_t* qrow = p.q + (int64_t{b} * p.num_qo_heads + h * p.group + (has ? g : 0)) * D;
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+      const int base = kb < 4 ? 16 * q + 4 * kb : 64 + 16 * q + 4 * (kb - 4);
+      const uint2 w = *reinterpret_cast<const uint2*>(qrow + base);
+      v[4 * kb + 0] = has ? bf16_to_f32(uint16_t(w.x & 0xffffu)) : 0.f;
+      v[4 * kb + 1] = has ? bf16_to_f32(uint16_t(w.x >> 16)) : 0.f;
+      v[4 * kb + 2] = has ? bf16_to_f32(uint16_t(w.y & 0xffffu)) : 0.f;
+      v[4 * kb + 3] = has ? bf16_to_f32(uint16_t(w.y >> 16)) : 0.f;
+    }
+    float mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) mx = fmaxf(mx, fabsf(v[i]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const int E = f16_range_exponent(mx);
+    const float up = ldexpf(1.f, E);
+    qe_lane = p.qk_scale_log2 * (p.fp.k_scale ? p.fp.k_scale[h] : 1.f) * ldexpf(1.f, -E);
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+      const __half2 lo = __floats2half2_rn(v[4 * kb] * up, v[4 * kb + 1] * up);
+      const __half2 hi = __floats2half2_rn(v[4 * kb + 2] * up, v[4 * kb + 3] * up);
+      qb[kb][0] = *reinterpret_cast<const uint32_t*>(&lo);
+      qb[kb][1] = *reinterpret_cast<const uint32_t*>(&hi);
+    }
+  }
+  // This lane's score columns are heads 2q and 2q + 1: their unscale factors live in lanes g = 2q, 2q + 1.
+  qe0 = __shfl_sync(0xffffffffu, qe_lane, (2 * q) * 4), qe1 = __shfl_sync(0xffffffffu, qe_lane, (2 * q + 1) * 4);
+  } else {
+    // ---- q4: the CTA prepares its kv head's query once (all 4 warps, the rings still unused) ----
+    const int tid = threadIdx.x;
+    float* q_s = reinterpret_cast<float*>(smem);  // [8][D] q * qk_scale_log2 (heads >= group: 0)
+    float* t_s = q_s + 8 * D;                      // [8][D] q'_c 2^(24 - pos'_c)
+    __half* hq_s = reinterpret_cast<__half*>(t_s + 8 * D);  // [8][D] the f16 fragments' values
+    float* tau_w = reinterpret_cast<float*>(smem + Geo::kRingBytes);
+    float* hc_s = tau_w + 256;  // [8][4]: 2^-E, q'.o, q.mu
+    for (int i = tid; i < 256; i += kLeanWarps * 32) tau_w[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
+    // Per K group: the power of two 24 - pos' of its codes as read, and its zero point o = (2^w - 1) / 2 (compile-time
+    // constants, staged so the column loops below index them at run time without a local copy of the pattern).
+    __shared__ int kexp_s[D / 8];
+    __shared__ float koff_s[D / 8];
+    if (tid == 0) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        kexp_s[i] = 24 - LK::group(i).pos + (LK::shifted(i) ? 6 : 0);
+        koff_s[i] = 0.5f * static_cast<float>((1 << LK::bits(i)) - 1);
+      }
+    }
+    for (int i = tid; i < 8 * D; i += kLeanWarps * 32) {
+      const int hg = i / D, r = i % D;
+      q_s[i] = hg < p.group ? bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + h * p.group + hg) * D + r]) * p.qk_scale_log2
+                            : 0.f;
+    }
+    __syncthreads();
+    const block::QParams kq = p.fp.qk.head(h, D);
+    for (int c = tid; c < D; c += kLeanWarps * 32) {
+      float a[8];
+#pragma unroll
+      for (int hg = 0; hg < 8; ++hg) a[hg] = 0.f;
+#pragma unroll 4
+      for (int r = 0; r < D; ++r) {
+        const float gv = __ldg(kq.inv + r * D + c);
+#pragma unroll
+        for (int hg = 0; hg < 8; ++hg) a[hg] = fmaf(gv, q_s[hg * D + r], a[hg]);
+      }
+      const float up = ldexpf(__ldg(kq.step + c), kexp_s[c / 8]);
+#pragma unroll
+      for (int hg = 0; hg < 8; ++hg) t_s[hg * D + c] = a[hg] * up;
+    }
+    if (tid < 8) {  // q . mu, in order over r
+      float a = 0.f;
+      for (int r = 0; r < D; ++r) a = fmaf(q_s[tid * D + r], __ldg(kq.mean + r), a);
+      hc_s[tid * 4 + 2] = a;
+    }
+    __syncthreads();
+    for (int hg = warp; hg < 8; hg += kLeanWarps) {
+      // 2^E puts the head's largest |value| in [2^13, 2^14); q'.o from the rounded f16 values (what the mma uses),
+      // per lane over its channels in order, then a fixed shuffle tree.
+      float mx = 0.f;
+      for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(t_s[hg * D + c]));
+#pragma unroll
+      for (int x = 16; x >= 1; x /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+      const int E = f16_range_exponent(mx);
+      float qo = 0.f;
+      for (int c = lane; c < D; c += 32) {
+        const __half hv = __float2half_rn(ldexpf(t_s[hg * D + c], E));
+        hq_s[hg * D + c] = hv;
+        qo = fmaf(__half2float(hv) * ldexpf(1.f, -kexp_s[c / 8] - E), koff_s[c / 8], qo);
+      }
+#pragma unroll
+      for (int x = 16; x >= 1; x /= 2) qo += __shfl_xor_sync(0xffffffffu, qo, x);
+      if (lane == 0) {
+        hc_s[hg * 4 + 0] = ldexpf(1.f, -E);
+        hc_s[hg * 4 + 1] = qo;
+      }
+    }
+    __syncthreads();
+    // Lane (g, q): head g's fragments; k-block kb = groups 2 kb (b0) and 2 kb + 1 (b1), members 2q, 2q + 1.
+    auto h2 = [&](int hg, int c) {
+      const __half2 v = __halves2half2(hq_s[hg * D + c], hq_s[hg * D + c + 1]);
+      return *reinterpret_cast<const uint32_t*>(&v);
+    };
+#pragma unroll
+    for (int kb = 0; kb < kKB; ++kb) {
+      qb[kb][0] = h2(g, 8 * (2 * kb) + 2 * q);
+      qb[kb][1] = h2(g, 8 * (2 * kb + 1) + 2 * q);
+    }
+    un0 = hc_s[(2 * q) * 4 + 0], qo0 = hc_s[(2 * q) * 4 + 1], cz0 = hc_s[(2 * q) * 4 + 2];
+    un1 = hc_s[(2 * q + 1) * 4 + 0], qo1 = hc_s[(2 * q + 1) * 4 + 1], cz1 = hc_s[(2 * q + 1) * 4 + 2];
+    __syncthreads();  // the rings are the copies' from here on
+    if (split >= n_chunks) return;  // after every barrier of the CTA
+    int64_t sink_row;
+    bool bad_sink;  // reported by the merge
+    n_sink = sink_count(p, b, len, sink_row, bad_sink);
+  }
+
+  const uint32_t ring =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * kLeanStages * kLeanStageBytes + lane * 16;
+  const int64_t page_stride = int64_t{H} * p.head_block_bytes;
+  const uint8_t* k_head = p.k_pool + int64_t{h} * p.head_block_bytes;
+  const uint8_t* v_head = p.v_pool + int64_t{h} * p.head_block_bytes;
+  bool bad_page = false;
+  // Step i of this warp: warp mode: chunk split + (i / 16) * splits, its 32-token step i % 16; leaf mode: steps
+  // 4 warp + i (i < 4) of chunk `split`.
+  auto chunk_of = [&](int i) -> int64_t { return leaf_mode ? split : split + int64_t{i / 16} * splits; };
+  auto step_in_chunk = [&](int i) -> int { return leaf_mode ? 4 * warp + i : i % 16; };
+  auto step_start = [&](int i) -> int64_t {
+    if (leaf_mode && i >= 4) return INT64_MAX;
+    return chunk_of(i) * kChunkTokens + int64_t{step_in_chunk(i)} * kLeanStepTok;
+  };
+  // KVPACK_LEAN_KROWS: this lane's K copy k of a unit lands in reader lane (4 (k % 2) + lane / 8) * 4 + col % 4,
+  // piece 2 (k / 2) + col / 4 (col = lane % 8): the lane-dependent part of that slot address, relative to `ring`.
+  const int krows_col = lane % 8;
+  const uint32_t krows_dst =
+      uint32_t(((krows_col / 4) * 32 + (lane / 8) * 4 + krows_col % 4) * 16) - uint32_t(lane * 16);
+  // The page ids of the chunk being issued, one per lane (a chunk spans 512 / page_size <= 32 pages), loaded once
+  // per chunk: a dependent page-table load per unit stalled every step (v32).
+  int64_t pg_chunk = -1;
+  int my_pg = 0;
+  auto issue = [&](int i) {
+    const int64_t t0 = step_start(i);
+    if (t0 < len) {
+      if (chunk_of(i) != pg_chunk) {
+        pg_chunk = chunk_of(i);
+        const int64_t tp = (t0 & ~int64_t{kChunkTokens - 1}) + (int64_t{lane} << p.page_shift);
+        my_pg = lane < (kChunkTokens >> p.page_shift) && tp < len ? p.table.pages[row + (tp >> p.page_shift)] : 0;
+      }
+      const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
+      const uint8_t *qk0 = nullptr, *qv0 = nullptr, *qk1 = nullptr, *qv1 = nullptr;  // q3: the step's units
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int64_t tu = t0 + 16 * u;  // a 16-token unit never crosses a page (pages hold >= 16 tokens)
+        const int rem = static_cast<int>(min(len - tu, int64_t{16}));  // tokens of the unit inside the sequence
+        int page = __shfl_sync(0xffffffffu, my_pg, static_cast<int>((tu & (kChunkTokens - 1)) >> p.page_shift));
+        if (rem <= 0) page = 0;
+        if (page < 0 || page >= p.num_pages) {
+          bad_page = true;
+          page = 0;
+        }
+        // fp8: token-major rows of D bytes; q4 / q3: units of 2 QB D bytes (QB D / 8 per token).
+        const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * (Q4 ? QB * D / 8 : D);
+        const uint8_t* kb = k_head + unit_off;
+        const uint8_t* vb = v_head + unit_off;
+        if constexpr (QB == 3) {
+          (u ? qk1 : qk0) = kb;
+          (u ? qv1 : qv0) = vb;
+          continue;
+        }
+        if constexpr (Q4) {
+          // Lane layout: piece pc of every lane is 512 contiguous bytes. Tokens past the sequence's end are read as
+          // they are (codes are always finite; their scores are masked, their weights 0), so no bounds.
+          constexpr int kUP = Geo::kUnitBytes / (32 * 16);  // pieces per lane and unit
+          const uint32_t su = st + u * 2 * Geo::kUnitBytes;
+#pragma unroll
+          for (int pc = 0; pc < kUP; ++pc) lean_cp16_full(su + pc * 32 * 16, kb + (pc * 32 + lane) * 16);
+#pragma unroll
+          for (int pc = 0; pc < kUP; ++pc)
+            lean_cp16_full(su + Geo::kUnitBytes + pc * 32 * 16, vb + (pc * 32 + lane) * 16);
+          continue;
+        }
+        if (rem >= 16) {
+          // A whole unit (every step but the sequence's last): no bounds, per-lane offsets fixed, piece offsets
+          // immediate.
+          const uint32_t su = st + u * 8 * 32 * 16;
+          if (krows) {
+            const uint8_t* kl = kb + lane * 16;
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              lean_cp16_full(krows_dst + su + ((2 * (k / 2)) * 32 + 4 * (k % 2) * 4) * 16, kl + 512 * k);
+          } else {
+            const uint8_t* kl = kb + g * D + 16 * q;
+            lean_cp16_full(su, kl);
+            lean_cp16_full(su + 32 * 16, kl + 64);
+            lean_cp16_full(su + 2 * 32 * 16, kl + 8 * D);
+            lean_cp16_full(su + 3 * 32 * 16, kl + 8 * D + 64);
+          }
+          const uint8_t* vl = vb + 2 * q * D + 16 * g;
+          lean_cp16_full(su + 4 * 32 * 16, vl);
+          lean_cp16_full(su + 5 * 32 * 16, vl + D);
+          lean_cp16_full(su + 6 * 32 * 16, vl + 8 * D);
+          lean_cp16_full(su + 7 * 32 * 16, vl + 9 * D);
+          continue;
+        }
+        if (krows) {
+          // K by whole rows: copy k of lane l is row 4k + l / 8, 16-byte column l % 8, written where its reader
+          // (lane (row % 8) * 4 + column % 4, piece 2 (row / 8) + column / 4) finds it (a __syncwarp follows).
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int r = 4 * k + lane / 8, col = lane % 8;
+            const int reader = (r % 8) * 4 + col % 4, piece = 2 * (r / 8) + col / 4;
+            lean_cp16(st - lane * 16 + ((u * 8 + piece) * 32 + reader) * 16, kb + r * D + 16 * col, r < rem);
+          }
+        } else {
+        // K: token g, then g + 8; bytes [16q, +16) and [64 + 16q, +16) of each row.
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const bool ok = g + 8 * j < rem;
+          lean_cp16(st + ((u * 8 + 2 * j) * 32) * 16, kb + (g + 8 * j) * D + 16 * q, ok);
+          lean_cp16(st + ((u * 8 + 2 * j + 1) * 32) * 16, kb + (g + 8 * j) * D + 64 + 16 * q, ok);
+        }
+        }
+        // V: tokens 2q, 2q + 1, 8 + 2q, 9 + 2q; bytes [16g, +16).
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int tok = 2 * q + (j & 1) + 8 * (j >> 1);
+          lean_cp16(st + ((u * 8 + 4 + j) * 32) * 16, vb + tok * D + 16 * g, tok < rem);
+        }
+      }
+      if constexpr (QB == 3) {
+        // q3: the step's 4 units copied whole, 16 bytes per lane and copy (chunk c = lane + 32 k of [u][K|V][unit]);
+        // every lane then reads its words from all of them (a __syncwarp orders the copies and the reads).
+        constexpr int kUC = Geo::kUnitBytes / 16;  // 16-byte chunks per unit
+#pragma unroll
+        for (int k = 0; k < Geo::kPieces; ++k) {
+          const int c = lane + 32 * k, u = c / (2 * kUC), kv = (c / kUC) % 2;
+          const uint8_t* src = u ? (kv ? qv1 : qk1) : (kv ? qv0 : qk0);  // selects, not a local array
+          lean_cp16_full(st + k * 32 * 16, src + (c % kUC) * 16);
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+
+  // Leaf (current 64 tokens) state and chunk accumulator; per lane: heads 2q, 2q + 1; rows / channels as above.
+  float o[kKB][4], co[kKB][4];
+  float m0, m1, l0, l1, cm0, cm1, cl0, cl1;
+  float t0s = 0.f, t1s = 0.f, ct0 = 0.f, ct1 = 0.f;  // q4: L_tau of the leaf and of the chunk, heads 2q, 2q + 1
+  auto reset_leaf = [&] {
+#pragma unroll
+    for (int i = 0; i < kKB; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    m0 = m1 = -INFINITY;
+    l0 = l1 = 0.f;
+    t0s = t1s = 0.f;
+  };
+  auto reset_chunk = [&] {
+#pragma unroll
+    for (int i = 0; i < kKB; ++i) co[i][0] = co[i][1] = co[i][2] = co[i][3] = 0.f;
+    cm0 = cm1 = -INFINITY;
+    cl0 = cl1 = 0.f;
+    ct0 = ct1 = 0.f;
+  };
+  // acc = merge(acc, leaf); fixed arithmetic (explicit fmaf / mul).
+  auto fold_leaf = [&] {
+    const float n0 = fmaxf(cm0, m0), n1 = fmaxf(cm1, m1);
+    const float r0 = n0 == -INFINITY ? 0.f : n0, r1 = n1 == -INFINITY ? 0.f : n1;
+    const float a0 = lean_ex2(cm0 - r0), a1 = lean_ex2(cm1 - r1), e0 = lean_ex2(m0 - r0), e1 = lean_ex2(m1 - r1);
+#pragma unroll
+    for (int i = 0; i < kKB; ++i) {
+      co[i][0] = fmaf(co[i][0], a0, __fmul_rn(o[i][0], e0));
+      co[i][1] = fmaf(co[i][1], a1, __fmul_rn(o[i][1], e1));
+      co[i][2] = fmaf(co[i][2], a0, __fmul_rn(o[i][2], e0));
+      co[i][3] = fmaf(co[i][3], a1, __fmul_rn(o[i][3], e1));
+    }
+    cl0 = fmaf(cl0, a0, __fmul_rn(l0, e0));
+    cl1 = fmaf(cl1, a1, __fmul_rn(l1, e1));
+    if constexpr (Q4) {
+      ct0 = fmaf(ct0, a0, __fmul_rn(t0s, e0));
+      ct1 = fmaf(ct1, a1, __fmul_rn(t1s, e1));
+    }
+    cm0 = n0;
+    cm1 = n1;
+  };
+  const int64_t ws_base = (int64_t{b} * H + h) * p.max_chunks;
+  // The chunk's partial: l summed over the 8 row lanes (fixed xor order), then (m, l) and the accumulators.
+  auto store_chunk = [&](int64_t c) {
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+      cl0 += __shfl_xor_sync(0xffffffffu, cl0, x);
+      cl1 += __shfl_xor_sync(0xffffffffu, cl1, x);
+      if constexpr (Q4) {
+        ct0 += __shfl_xor_sync(0xffffffffu, ct0, x);
+        ct1 += __shfl_xor_sync(0xffffffffu, ct1, x);
+      }
+    }
+    const int64_t slot = ws_base + c;
+    float2* ml = p.ws_ml + slot * p.group;
+    float* acc = p.ws_acc + slot * p.group * D;
+    const int h0 = 2 * q, h1 = 2 * q + 1;
+    if (g == 0) {
+      if (h0 < p.group) __stcg(ml + h0, make_float2(cm0, cl0));
+      if (h1 < p.group) __stcg(ml + h1, make_float2(cm1, cl1));
+    }
+    if constexpr (Q4) {
+      // Accumulator (group i = 2 mb (+1), member g) -> sum_t p_t tau_t (k - o): x 2^(24 - pos'_i) - o_i L_tau.
+#pragma unroll
+      for (int mb = 0; mb < kKB; ++mb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int gi = 2 * mb + e;
+          const float up = ldexpf(1.f, 24 - LV::group(gi).pos + (LV::shifted(gi) ? 6 : 0));
+          const float off = 0.5f * static_cast<float>((1 << LV::bits(gi)) - 1);
+          const int ch = 8 * gi + g;
+          if (h0 < p.group) __stcg(acc + h0 * D + ch, fmaf(co[mb][2 * e], up, -off * ct0));
+          if (h1 < p.group) __stcg(acc + h1 * D + ch, fmaf(co[mb][2 * e + 1], up, -off * ct1));
+        }
+      return;
+    }
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) {
+      const int ch = 16 * g + 2 * mb;
+      if (h0 < p.group) {
+        __stcg(acc + h0 * D + ch, co[mb][0]);
+        __stcg(acc + h0 * D + ch + 1, co[mb][2]);
+      }
+      if (h1 < p.group) {
+        __stcg(acc + h1 * D + ch, co[mb][1]);
+        __stcg(acc + h1 * D + ch + 1, co[mb][3]);
+      }
+    }
+  };
+
+#pragma unroll
+  for (int i = 0; i < kLeanStages - 1; ++i) issue(i);
+  reset_leaf();
+  reset_chunk();
+  for (int i = 0;; ++i) {
+    const int64_t t0 = step_start(i);
+    if (t0 >= len) break;
+    // Lanes that read each other's copies (q3; fp8 with KVPACK_LEAN_KROWS): every lane has read the slot the next
+    // copies refill, and (after the wait) the other lanes' copies have landed.
+    const bool shared_slots = QB == 3 || krows;
+    if (shared_slots) __syncwarp();
+    issue(i + kLeanStages - 1);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kLeanStages - 1));
+    if (shared_slots) __syncwarp();
+    const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
+    const uint32_t st_base = st - lane * 16;  // the stage's first byte (q: units [u][K|V])
+    float sc[2][4];
+    // ---- scores of the step's two units ----
+    if constexpr (Q4) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        constexpr int W = LK::kSlots;
+        uint32_t k0[W], k8[W], s0[W], s8[W];  // tokens g and g + 8 at their slots' positions, and >> 6
+        lean_q_rows<LK>(st_base + u * 2 * Geo::kUnitBytes, lane, k0, k8, s0, s8);
+        // The scale bytes of tokens g and g + 8: bits 2q, 2q + 1 in this lane's last words (bits 15, 31), OR-ed
+        // over the quad.
+        const uint32_t la = k0[LK::kScaleSlot], lb = k8[LK::kScaleSlot];
+        uint32_t sv = ((((la >> 15) & 1u) | ((la >> 30) & 2u)) << (2 * q)) | ((((lb >> 15) & 1u) | ((lb >> 30) & 2u)) << (2 * q + 8));
+        sv |= __shfl_xor_sync(0xffffffffu, sv, 1);
+        sv |= __shfl_xor_sync(0xffffffffu, sv, 2);
+        const float tk0 = tau_s[sv & 0xffu], tk8 = tau_s[(sv >> 8) & 0xffu];
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kb = 0; kb < kKB; ++kb)  // groups 2 kb (a0: token g, a1: token g + 8) and 2 kb + 1 (a2, a3)
+          mma_f16_full(c, lean_q_pair<LK>(k0, s0, 2 * kb), lean_q_pair<LK>(k8, s8, 2 * kb),
+                       lean_q_pair<LK>(k0, s0, 2 * kb + 1), lean_q_pair<LK>(k8, s8, 2 * kb + 1), qb[kb][0], qb[kb][1]);
+        const int64_t ta = t0 + 16 * u + g;
+        const bool v0 = ta < len && ta >= n_sink, v8 = ta + 8 < len && ta + 8 >= n_sink;
+        sc[u][0] = v0 ? fmaf(tk0, fmaf(c[0], un0, -qo0), cz0) : -INFINITY;
+        sc[u][1] = v0 ? fmaf(tk0, fmaf(c[1], un1, -qo1), cz1) : -INFINITY;
+        sc[u][2] = v8 ? fmaf(tk8, fmaf(c[2], un0, -qo0), cz0) : -INFINITY;
+        sc[u][3] = v8 ? fmaf(tk8, fmaf(c[3], un1, -qo1), cz1) : -INFINITY;
+      }
+    } else
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      uint32_t kw[16];  // [token g: 8 words][token g + 8: 8 words]
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(kw[4 * k]), "=r"(kw[4 * k + 1]), "=r"(kw[4 * k + 2]), "=r"(kw[4 * k + 3])
+                     : "r"(st + ((u * 8 + k) * 32) * 16));
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb)
+        mma_f16_full(c, lean_e4m3x2(kw[kb]), lean_e4m3x2(kw[8 + kb]), lean_e4m3x2(kw[kb] >> 16),
+                 lean_e4m3x2(kw[8 + kb] >> 16), qb[kb][0], qb[kb][1]);
+      const int64_t ta = t0 + 16 * u + g;
+      sc[u][0] = ta < len ? c[0] * qe0 : -INFINITY;
+      sc[u][1] = ta < len ? c[1] * qe1 : -INFINITY;
+      sc[u][2] = ta + 8 < len ? c[2] * qe0 : -INFINITY;
+      sc[u][3] = ta + 8 < len ? c[3] * qe1 : -INFINITY;
+    }
+    // ---- online softmax of the leaf over this step ----
+    float mx0 = fmaxf(m0, fmaxf(fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[1][0], sc[1][2])));
+    float mx1 = fmaxf(m1, fmaxf(fmaxf(sc[0][1], sc[0][3]), fmaxf(sc[1][1], sc[1][3])));
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    const float r0 = mx0 == -INFINITY ? 0.f : mx0, r1 = mx1 == -INFINITY ? 0.f : mx1;
+    const float al0 = lean_ex2(m0 - r0), al1 = lean_ex2(m1 - r1);
+    m0 = mx0;
+    m1 = mx1;
+    l0 *= al0;
+    l1 *= al1;
+    if constexpr (Q4) {
+      t0s *= al0;
+      t1s *= al1;
+    }
+#pragma unroll
+    for (int mb = 0; mb < kKB; ++mb) {
+      o[mb][0] *= al0;
+      o[mb][1] *= al1;
+      o[mb][2] *= al0;
+      o[mb][3] *= al1;
+    }
+    // ---- P.V ----
+    if constexpr (Q4) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        constexpr int W = LV::kSlots;
+        uint32_t v0[W], v1[W], t0w[W], t1w[W];  // pairs (2q, 2q + 1) and (8 + 2q, 9 + 2q), and >> 6
+        lean_q_rows<LV>(st_base + u * 2 * Geo::kUnitBytes + Geo::kUnitBytes, lane, v0, v1, t0w, t1w);
+        // V scale bytes: bit g' of token 2q' (+1, +8, +9) is bit 15 / 31 of lane (g', q')'s last word of that pair.
+        const uint32_t la = v0[LV::kScaleSlot], lb = v1[LV::kScaleSlot];
+        const uint32_t B0 = __ballot_sync(0xffffffffu, (la >> 15) & 1u), B1 = __ballot_sync(0xffffffffu, la >> 31);
+        const uint32_t B2 = __ballot_sync(0xffffffffu, (lb >> 15) & 1u), B3 = __ballot_sync(0xffffffffu, lb >> 31);
+        const float tv0 = tau_s[lean_ballot_byte(g & 1 ? B1 : B0, g >> 1)];
+        const float tv8 = tau_s[lean_ballot_byte(g & 1 ? B3 : B2, g >> 1)];
+        const float p0 = lean_ex2(sc[u][0] - r0), p1 = lean_ex2(sc[u][1] - r1);
+        const float p2 = lean_ex2(sc[u][2] - r0), p3 = lean_ex2(sc[u][3] - r1);
+        l0 += p0 + p2;
+        l1 += p1 + p3;
+        const __half2 h01 = __floats2half2_rn(p0 * tv0, p1 * tv0), h23 = __floats2half2_rn(p2 * tv8, p3 * tv8);
+        t0s += __low2float(h01) + __low2float(h23);  // L_tau: the weights exactly as the mma uses them
+        t1s += __high2float(h01) + __high2float(h23);
+        const uint32_t b0 = lean_trans(*reinterpret_cast<const uint32_t*>(&h01));
+        const uint32_t b1 = lean_trans(*reinterpret_cast<const uint32_t*>(&h23));
+#pragma unroll
+        for (int mb = 0; mb < kKB; ++mb)  // rows g (group 2 mb), g + 8 (group 2 mb + 1); pair 0 (a0, a1), pair 1 (a2, a3)
+          mma_f16_full(o[mb], lean_q_pair<LV>(v0, t0w, 2 * mb), lean_q_pair<LV>(v0, t0w, 2 * mb + 1),
+                       lean_q_pair<LV>(v1, t1w, 2 * mb), lean_q_pair<LV>(v1, t1w, 2 * mb + 1), b0, b1);
+      }
+    } else
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float p0 = lean_ex2(sc[u][0] - r0), p1 = lean_ex2(sc[u][1] - r1);
+      const float p2 = lean_ex2(sc[u][2] - r0), p3 = lean_ex2(sc[u][3] - r1);
+      l0 += p0 + p2;
+      l1 += p1 + p3;
+      const __half2 h01 = __floats2half2_rn(p0, p1), h23 = __floats2half2_rn(p2, p3);
+      const uint32_t b0 = lean_trans(*reinterpret_cast<const uint32_t*>(&h01));
+      const uint32_t b1 = lean_trans(*reinterpret_cast<const uint32_t*>(&h23));
+      uint32_t vw[16];  // [token 2q][2q + 1][8 + 2q][9 + 2q] x 4 words (channels 16g + 4j .. + 3)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(vw[4 * k]), "=r"(vw[4 * k + 1]), "=r"(vw[4 * k + 2]), "=r"(vw[4 * k + 3])
+                     : "r"(st + ((u * 8 + 4 + k) * 32) * 16));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // Channel 16g + 4j + 2e (+1): tokens 2q, 2q + 1 paired byte-wise (lo byte = token 2q).
+        const uint32_t a_lo = lean_prmt(vw[j], vw[4 + j], 0x5140), a_hi = lean_prmt(vw[j], vw[4 + j], 0x7362);
+        const uint32_t b_lo = lean_prmt(vw[8 + j], vw[12 + j], 0x5140), b_hi = lean_prmt(vw[8 + j], vw[12 + j], 0x7362);
+        mma_f16_full(o[2 * j], lean_e4m3x2(a_lo), lean_e4m3x2(a_lo >> 16), lean_e4m3x2(b_lo), lean_e4m3x2(b_lo >> 16), b0,
+                 b1);
+        mma_f16_full(o[2 * j + 1], lean_e4m3x2(a_hi), lean_e4m3x2(a_hi >> 16), lean_e4m3x2(b_hi),
+                 lean_e4m3x2(b_hi >> 16), b0, b1);
+      }
+    }
+    // ---- leaf / chunk boundaries (a leaf is 2 steps; the sequence's last chunk may end early) ----
+    const int k = step_in_chunk(i);
+    const bool last = t0 + kLeanStepTok >= len;
+    if (leaf_mode) {
+      // Leaf 2w ends at i = 1 (or where the sequence ends): kept in the chunk registers; leaf 2w + 1 stays in o.
+      if (i <= 1 && (i == 1 || last)) {
+#pragma unroll
+        for (int mb = 0; mb < kKB; ++mb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) co[mb][e] = o[mb][e];
+        cm0 = m0, cm1 = m1, cl0 = l0, cl1 = l1;
+        ct0 = t0s, ct1 = t1s;
+        reset_leaf();
+      }
+      continue;
+    }
+    const bool chunk_end = k == 15 || last;
+    if (k % 2 == 1 || chunk_end) {
+      fold_leaf();
+      reset_leaf();
+    }
+    if (chunk_end) {
+      store_chunk(chunk_of(i));
+      reset_chunk();
+      if (k != 15) break;  // that was the sequence's last chunk
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  if (bad_page && p.status) atomicOr(p.status, 1);
+  if (leaf_mode) {
+    // Each warp's two leaves into its own (drained) ring, [leaf][kLeafVals values][lane]; then warp 0 folds leaves
+    // 0..7.
+    constexpr int NV = Geo::kLeafVals, NO = 4 * kKB;
+    __syncwarp();  // every lane's copies have landed before any lane overwrites the ring
+    float* lw = reinterpret_cast<float*>(smem + size_t(warp) * kLeanStages * kLeanStageBytes);
+    auto put = [&](int j, const float (&oo)[kKB][4], float a0, float a1, float b0, float b1, float c0, float c1) {
+#pragma unroll
+      for (int mb = 0; mb < kKB; ++mb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lw[(j * NV + 4 * mb + e) * 32 + lane] = oo[mb][e];
+      lw[(j * NV + NO) * 32 + lane] = a0;
+      lw[(j * NV + NO + 1) * 32 + lane] = a1;
+      lw[(j * NV + NO + 2) * 32 + lane] = b0;
+      lw[(j * NV + NO + 3) * 32 + lane] = b1;
+      if constexpr (Q4) {
+        lw[(j * NV + NO + 4) * 32 + lane] = c0;
+        lw[(j * NV + NO + 5) * 32 + lane] = c1;
+      }
+    };
+    put(0, co, cm0, cm1, cl0, cl1, ct0, ct1);
+    put(1, o, m0, m1, l0, l1, t0s, t1s);
+    __syncthreads();
+    if (warp != 0) return;
+    reset_chunk();
+#pragma unroll 1
+    for (int leaf = 0; leaf < 8; ++leaf) {
+      const float* src = reinterpret_cast<const float*>(smem + size_t(leaf / 2) * kLeanStages * kLeanStageBytes);
+      const int j = leaf % 2;
+#pragma unroll
+      for (int mb = 0; mb < kKB; ++mb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mb][e] = src[(j * NV + 4 * mb + e) * 32 + lane];
+      m0 = src[(j * NV + NO) * 32 + lane];
+      m1 = src[(j * NV + NO + 1) * 32 + lane];
+      l0 = src[(j * NV + NO + 2) * 32 + lane];
+      l1 = src[(j * NV + NO + 3) * 32 + lane];
+      if constexpr (Q4) {
+        t0s = src[(j * NV + NO + 4) * 32 + lane];
+        t1s = src[(j * NV + NO + 5) * 32 + lane];
+      }
+      // Leaves past the sequence's end (all heads -inf) are skipped, as warp mode never reaches them.
+      if (m0 == -INFINITY && m1 == -INFINITY) continue;
+      fold_leaf();
+    }
+    store_chunk(split);
+  }
+#endif
+}
+
+// One CTA (one thread per channel) per (sequence, kv head, query head of the group): fold the chunk partials with the fixed two-level tree (chunks
+// 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one group), then the output.
+//
+// q4: the folded sum is sum_t p_t tau_t (k_t - o) per channel (the kernel's chunk ends convert it), so the output
+// is (mu L + G (s * O)) / L with the sink tokens (exact bf16) folded in by log-sum-exp, as the regular kernel's
+// epilogue does; fixed orders throughout.
+template <int D, int QB>
+__global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams p) {
+  const int b = blockIdx.y, h = blockIdx.x, H = p.num_kv_heads;
+  int64_t row;
+  bool over;
+  const int64_t len = seq_len_of(p, b, row, over);
+  const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
+  const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
+  const float os = p.fp.v_scale ? p.fp.v_scale[h] : 1.f;
+  auto merge = [](float& m, float& l, float& o, float mj, float lj, float oj) {
+    const float mn = fmaxf(m, mj);
+    const float mr = mn == -INFINITY ? 0.f : mn;
+    const float sa = exp2f(m - mr), sc = exp2f(mj - mr);
+    l = l * sa + lj * sc;
+    o = o * sa + oj * sc;
+    m = mn;
+  };
+  {
+    const int hg = blockIdx.z, i = hg * D + threadIdx.x;
+    float M = -INFINITY, L = 0.f, O = 0.f;
+    for (int g0 = 0; g0 < n_chunks; g0 += kFoldChunks) {
+      const int cnt = min(kFoldChunks, n_chunks - g0);
+      float m = -INFINITY, l = 0.f, o = 0.f;
+      float2 ml[kFoldChunks];
+      float a[kFoldChunks];
+#pragma unroll
+      for (int j = 0; j < kFoldChunks; ++j) {
+        const int64_t slot = base + g0 + j;
+        ml[j] = j < cnt ? __ldcg(p.ws_ml + slot * p.group + hg) : make_float2(-INFINITY, 0.f);
+        a[j] = j < cnt ? __ldcg(p.ws_acc + slot * p.group * D + i) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kFoldChunks; ++j)
+        if (j < cnt) merge(m, l, o, ml[j].x, ml[j].y, a[j]);
+      if (n_chunks <= kFoldChunks) {
+        M = m, L = l, O = o;
+      } else {
+        merge(M, L, O, m, l, o);
+      }
+    }
+    const int qh = h * p.group + hg;
+    if constexpr (QB == 0) {
+      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + i % D] = f32_to_bf16(n_chunks > 0 ? O / L * os : 0.f);
+      if (p.lse && i % D == 0)
+        p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (M + log2f(L)) * 0.69314718055994530942f : -INFINITY;
+    } else {
+      __shared__ float o_s[D], q_s[D], ssc_s[kSinkTokens];
+      const int r = threadIdx.x;
+      const block::QParams vq = p.fp.qv.head(h, D);
+      o_s[r] = O * __ldg(vq.step + r);
+      q_s[r] = bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + qh) * D + r]) * p.qk_scale_log2;
+      int64_t sink_row;
+      bool bad_sink;
+      const int n_sink = sink_count(p, b, len, sink_row, bad_sink);
+      if (bad_sink && h == 0 && hg == 0 && r == 0 && p.status) atomicOr(p.status, 4);
+      const int64_t sink_base = sink_row * p.sink_tokens;
+      __syncthreads();
+      if (r < kSinkTokens) {  // sink scores, in order over d
+        float a = -INFINITY;
+        if (r < n_sink) {
+          const uint16_t* ks = p.k_sinks + ((sink_base + r) * H + h) * D;
+          a = 0.f;
+          for (int d = 0; d < D; ++d) a = fmaf(q_s[d], bf16_to_f32(ks[d]), a);
+        }
+        ssc_s[r] = a;
+      }
+      __syncthreads();
+      // Row r of G: mu_r L + sum_c G[r][c] o_s[c], in order over c.
+      float u = __ldg(vq.mean + r) * L;
+      const float* grow = vq.inv + r * D;
+#pragma unroll 8
+      for (int c = 0; c < D; ++c) u = fmaf(__ldg(grow + c), o_s[c], u);
+      float mt = M;
+      for (int j = 0; j < n_sink; ++j) mt = fmaxf(mt, ssc_s[j]);
+      const float mr = mt == -INFINITY ? 0.f : mt;
+      const float f = exp2f(M - mr);
+      float lt = L * f, ut = u * f;
+      for (int j = 0; j < n_sink; ++j) {
+        const float e = exp2f(ssc_s[j] - mr);
+        lt += e;
+        ut = fmaf(e, bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + r]), ut);
+      }
+      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? ut / lt : 0.f);
+      if (p.lse && r == 0)
+        p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (mt + log2f(lt)) * 0.69314718055994530942f : -INFINITY;
+    }
+  }
+}
+
+// Warps per (sequence, kv head) for a plan: the regular kernel's CTAs had 8 warps, so 8 x num_splits, at most one
+// per chunk.
+inline int lean_splits(const DecodeKernelParams& kp) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(int64_t{kp.num_splits} * 8, kp.max_chunks)));
+}
+
+// fp8's lean kernel is opt-in (KVPACK_LEAN_FP8=1): measured at 0.87-0.94x of the regular kernel (H100, 2026-12-06,
+// bench/NOTES.md v34), so the regular kernel stays fp8's default.
+inline bool lean_fp8_applies(int head_dim) {
+  static const int cc = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return major;
+  }();
+  const char* on = std::getenv("KVPACK_LEAN_FP8");
+  return head_dim == 128 && cc >= 9 && on && std::atoi(on) != 0;
+}
+
+// q4 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.
+inline bool lean_q_applies() {
+  static const int cc = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return major;
+  }();
+  return cc >= 8;
+}
+
+template <int D, int QB>
+inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
+  using Geo = LeanGeo<D, QB>;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaFuncSetAttribute(lean_kernel<D, QB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Geo::kSmem));
+    cudaGetLastError();
+  });
+  // Leaf mode when one warp per chunk would give fewer than two waves of 8 warps per SM (the choice depends on the
+  // plan only and both modes give the same bits).
+  const bool leaf = int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
+  // q4: a CTA's 4 warps share one (sequence, kv head) (its query preparation): splits a multiple of 4.
+  const int splits = leaf ? 0 : QB ? (lean_splits(kp) + kLeanWarps - 1) / kLeanWarps * kLeanWarps : lean_splits(kp);
+  const int64_t warps = int64_t{kp.num_kv_heads} * splits;
+  dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
+                 : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
+            batch);
+  static const int krows = std::getenv("KVPACK_LEAN_KROWS") ? std::atoi(std::getenv("KVPACK_LEAN_KROWS")) : 0;
+  lean_kernel<D, QB><<<grid, kLeanWarps * 32, Geo::kSmem, stream>>>(kp, splits, krows);
+  lean_merge_kernel<D, QB><<<dim3(kp.num_kv_heads, batch, kp.group), D, 0, stream>>>(kp);
+}
+
+}  // namespace kvpack::cuda_detail
