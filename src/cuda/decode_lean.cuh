@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
 #if __CUDA_ARCH__ < 900
   if constexpr (QB == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); q4 / q3 on sm_80 too
 #endif
-  constexpr bool Q4 = QB != 0;  // a q format in the lane layout (q4 or q3)
+  constexpr bool kLaneQ = QB != 0;  // q4 or q3 (the lane layout)
   using Geo = LeanGeo<D, QB>;
   using LK = block::QLanes<QB ? QB : 4, D, false>;
   using LV = block::QLanes<QB ? QB : 4, D, true>;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   // Grid (ceil(H * splits / kLeanWarps), batch): it depends on the plan only, never on the lengths.
   const bool leaf_mode = splits == 0;
   const int b = blockIdx.y, local = blockIdx.x * kLeanWarps + warp;
-  if (!Q4 && !leaf_mode && local >= H * splits) return;  // q4: the grid has no spare warps (splits % 4 == 0)
+  if (!kLaneQ && !leaf_mode && local >= H * splits) return;  // q4 / q3: the grid has no spare warps (splits % 4 == 0)
   const int h = leaf_mode ? static_cast<int>(blockIdx.x % H) : local / splits;
   const int split = leaf_mode ? static_cast<int>(blockIdx.x / H) : local % splits;  // leaf mode: the chunk
 
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   const int64_t len = seq_len_of(p, b, row, over);
   if (over && split == 0 && h == 0 && lane == 0 && p.status) atomicOr(p.status, 2);
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
-  if (!Q4 && split >= n_chunks) return;  // leaf mode: the whole CTA (its chunk index), before any barrier
+  if (!kLaneQ && split >= n_chunks) return;  // leaf mode: the whole CTA (its chunk index), before any barrier
 
   // ---- the query: lane (g, q) holds head g's channels base(kb) .. base(kb) + 3 for the 8 k-blocks, base(kb) =
   // 16q + 4kb (kb < 4) or 64 + 16q + 4(kb - 4), as f16: the bf16 value times a power of two per head (largest |value|
@@ -171,10 +171,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   // to the fp32 score. Heads >= group are zero (the n8 tile's padding).
   uint32_t qb[kKB][2];
   float qe0 = 0.f, qe1 = 0.f;                  // fp8: the score factors of heads 2q, 2q + 1
-  float un0 = 0.f, un1 = 0.f, qo0 = 0.f, qo1 = 0.f, cz0 = 0.f, cz1 = 0.f;  // q4: 2^-E, q'.o, q.mu of heads 2q, 2q + 1
+  float un0 = 0.f, un1 = 0.f, qo0 = 0.f, qo1 = 0.f, cz0 = 0.f, cz1 = 0.f;  // q4 / q3: 2^-E, q'.o, q.mu of heads 2q, 2q + 1
   int n_sink = 0;
   const float* tau_s = reinterpret_cast<const float*>(smem + Geo::kRingBytes);
-  if constexpr (!Q4) {
+  if constexpr (!kLaneQ) {
   float qe_lane;  // the score factor of head g
   {
     float v[32];
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   // This lane's score columns are heads 2q and 2q + 1: their unscale factors live in lanes g = 2q, 2q + 1.
   qe0 = __shfl_sync(0xffffffffu, qe_lane, (2 * q) * 4), qe1 = __shfl_sync(0xffffffffu, qe_lane, (2 * q + 1) * 4);
   } else {
-    // ---- q4: the CTA prepares its kv head's query once (all 4 warps, the rings still unused) ----
+    // ---- q4 / q3: the CTA prepares its kv head's query once (all 4 warps, the rings still unused) ----
     const int tid = threadIdx.x;
     float* q_s = reinterpret_cast<float*>(smem);  // [8][D] q * qk_scale_log2 (heads >= group: 0)
     float* t_s = q_s + 8 * D;                      // [8][D] q'_c 2^(24 - pos'_c)
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
           page = 0;
         }
         // fp8: token-major rows of D bytes; q4 / q3: units of 2 QB D bytes (QB D / 8 per token).
-        const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * (Q4 ? QB * D / 8 : D);
+        const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * (kLaneQ ? QB * D / 8 : D);
         const uint8_t* kb = k_head + unit_off;
         const uint8_t* vb = v_head + unit_off;
         if constexpr (QB == 3) {
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
           (u ? qv1 : qv0) = vb;
           continue;
         }
-        if constexpr (Q4) {
+        if constexpr (kLaneQ) {
           // Lane layout: piece pc of every lane is 512 contiguous bytes. Tokens past the sequence's end are read as
           // they are (codes are always finite; their scores are masked, their weights 0), so no bounds.
           constexpr int kUP = Geo::kUnitBytes / (32 * 16);  // pieces per lane and unit
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   // Leaf (current 64 tokens) state and chunk accumulator; per lane: heads 2q, 2q + 1; rows / channels as above.
   float o[kKB][4], co[kKB][4];
   float m0, m1, l0, l1, cm0, cm1, cl0, cl1;
-  float t0s = 0.f, t1s = 0.f, ct0 = 0.f, ct1 = 0.f;  // q4: L_tau of the leaf and of the chunk, heads 2q, 2q + 1
+  float t0s = 0.f, t1s = 0.f, ct0 = 0.f, ct1 = 0.f;  // q4 / q3: L_tau of the leaf and of the chunk, heads 2q, 2q + 1
   auto reset_leaf = [&] {
 #pragma unroll
     for (int i = 0; i < kKB; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
     }
     cl0 = fmaf(cl0, a0, __fmul_rn(l0, e0));
     cl1 = fmaf(cl1, a1, __fmul_rn(l1, e1));
-    if constexpr (Q4) {
+    if constexpr (kLaneQ) {
       ct0 = fmaf(ct0, a0, __fmul_rn(t0s, e0));
       ct1 = fmaf(ct1, a1, __fmul_rn(t1s, e1));
     }
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
     for (int x = 4; x < 32; x <<= 1) {
       cl0 += __shfl_xor_sync(0xffffffffu, cl0, x);
       cl1 += __shfl_xor_sync(0xffffffffu, cl1, x);
-      if constexpr (Q4) {
+      if constexpr (kLaneQ) {
         ct0 += __shfl_xor_sync(0xffffffffu, ct0, x);
         ct1 += __shfl_xor_sync(0xffffffffu, ct1, x);
       }
@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
       if (h0 < p.group) __stcg(ml + h0, make_float2(cm0, cl0));
       if (h1 < p.group) __stcg(ml + h1, make_float2(cm1, cl1));
     }
-    if constexpr (Q4) {
+    if constexpr (kLaneQ) {
       // Accumulator (group i = 2 mb (+1), member g) -> sum_t p_t tau_t (k - o): x 2^(24 - pos'_i) - o_i L_tau.
 #pragma unroll
       for (int mb = 0; mb < kKB; ++mb)
@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
     const uint32_t st_base = st - lane * 16;  // the stage's first byte (q: units [u][K|V])
     float sc[2][4];
     // ---- scores of the step's two units ----
-    if constexpr (Q4) {
+    if constexpr (kLaneQ) {
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         constexpr int W = LK::kSlots;
@@ -587,7 +587,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
     m1 = mx1;
     l0 *= al0;
     l1 *= al1;
-    if constexpr (Q4) {
+    if constexpr (kLaneQ) {
       t0s *= al0;
       t1s *= al1;
     }
@@ -599,7 +599,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
       o[mb][3] *= al1;
     }
     // ---- P.V ----
-    if constexpr (Q4) {
+    if constexpr (kLaneQ) {
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         constexpr int W = LV::kSlots;
@@ -696,7 +696,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
       lw[(j * NV + NO + 1) * 32 + lane] = a1;
       lw[(j * NV + NO + 2) * 32 + lane] = b0;
       lw[(j * NV + NO + 3) * 32 + lane] = b1;
-      if constexpr (Q4) {
+      if constexpr (kLaneQ) {
         lw[(j * NV + NO + 4) * 32 + lane] = c0;
         lw[(j * NV + NO + 5) * 32 + lane] = c1;
       }
@@ -718,7 +718,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
       m1 = src[(j * NV + NO + 1) * 32 + lane];
       l0 = src[(j * NV + NO + 2) * 32 + lane];
       l1 = src[(j * NV + NO + 3) * 32 + lane];
-      if constexpr (Q4) {
+      if constexpr (kLaneQ) {
         t0s = src[(j * NV + NO + 4) * 32 + lane];
         t1s = src[(j * NV + NO + 5) * 32 + lane];
       }
@@ -734,7 +734,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
 // One CTA (one thread per channel) per (sequence, kv head, query head of the group): fold the chunk partials with the fixed two-level tree (chunks
 // 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one group), then the output.
 //
-// q4: the folded sum is sum_t p_t tau_t (k_t - o) per channel (the kernel's chunk ends convert it), so the output
+// q4 / q3: the folded sum is sum_t p_t tau_t (k_t - o) per channel (the kernel's chunk ends convert it), so the output
 // is (mu L + G (s * O)) / L with the sink tokens (exact bf16) folded in by log-sum-exp, as the regular kernel's
 // epilogue does; fixed orders throughout.
 template <int D, int QB>
@@ -871,7 +871,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // Leaf mode when one warp per chunk would give fewer than two waves of 8 warps per SM (the choice depends on the
   // plan only and both modes give the same bits).
   const bool leaf = int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
-  // q4: a CTA's 4 warps share one (sequence, kv head) (its query preparation): splits a multiple of 4.
+  // q4 / q3: a CTA's 4 warps share one (sequence, kv head) (its query preparation): splits a multiple of 4.
   const int splits = leaf ? 0 : QB ? (lean_splits(kp) + kLeanWarps - 1) / kLeanWarps * kLeanWarps : lean_splits(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;
   dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
