@@ -3,13 +3,7 @@
 # against the lean kernel with K copied by half-rows (KVPACK_LEAN_KROWS=0) and by whole rows (=1), in one run each on
 # the same GPU; then ncu of the lean kernel and of bench/tools/lean_probe.cu's fp8 on 32q/8kv batch 8 x 32k; then
 # the DecodeGpu tests with whatever time is left.
-set -u
-OUT=${OUT:-/tmp/lean_out}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.."
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/env.log" 2>&1
+source "$(dirname "$0")/device_env.sh" /tmp/lean_out
 ( cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
     && cmake --build build-device -j14 --target kvpack_cli kvpack_gpu_tests ) > "$OUT/build.log" 2>&1 &
 bpid=$!

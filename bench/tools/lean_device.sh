@@ -3,13 +3,7 @@
 # the product's `kvpack bench` for fp8 / q4 on the same GPU in the same call (built in the background meanwhile).
 #   bash bench/tools/lean_device.sh   (PROBE_ARGS: lean_probe option sets separated by '|', one bench run each;
 #                                      NVCC_EXTRA: extra nvcc flags, e.g. -DLEAN_EXACT=0; PRODUCT=0 skips the product)
-set -u
-OUT=${OUT:-/tmp/lean_out}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.."
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/env.log" 2>&1
+source "$(dirname "$0")/device_env.sh" /tmp/lean_out
 if [ "${PRODUCT:-1}" = 1 ]; then
   ( cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
       && cmake --build build-device -j12 --target kvpack_cli ) > "$OUT/build.log" 2>&1 &

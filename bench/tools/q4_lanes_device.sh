@@ -5,13 +5,7 @@
 # the DecodeGpu tests with whatever time is left (LIMIT_S, default 560).
 # SKIP_REGULAR=1 skips the regular fp8 run; SHAPES / BATCHES / CONTEXTS set the grid, BENCH_EXTRA adds bench options;
 # FIRST_TESTS / LAST_TESTS gtest filters.
-set -u
-OUT=${OUT:-/tmp/q4l_out}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.."
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/env.log" 2>&1
+source "$(dirname "$0")/device_env.sh" /tmp/q4l_out
 { cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
     && cmake --build build-device -j16 --target kvpack_cli kvpack_gpu_tests; } > "$OUT/build.log" 2>&1
 rc=$?; stamp "build rc=$rc"; grep -E "error" -A3 "$OUT/build.log" | head -30
