@@ -328,11 +328,15 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
       if (!unit) continue;
       const uint8_t* lb = blk_s[tt];
       auto code_of = [&](int c) { return Block::group_code(lb + goff_s[c / 8], gbits_s[c / 8], c % 8); };
-      const int t = tin_s[tt];
-      const int o = kv ? LV::piece_offset(t, j) : L::piece_offset(t, j);
-      const uint16_t h = kv ? LV::piece_value_of(code_of, lb[kCode], j) : L::piece_value_of(code_of, lb[kCode], j);
-      if ((kv ? LV::piece_bytes(j) : L::piece_bytes(j)) == 2) *reinterpret_cast<uint16_t*>(unit + o) = h;
-      else unit[o] = static_cast<uint8_t>(h);
+      // Offset, bits and size all from the one layout of this side (K or V).
+      auto store = [&]<class Lx>() {
+        const int o = Lx::piece_offset(tin_s[tt], j);
+        const uint16_t h = Lx::piece_value_of(code_of, lb[kCode], j);
+        if (Lx::piece_bytes(j) == 2) *reinterpret_cast<uint16_t*>(unit + o) = h;
+        else unit[o] = static_cast<uint8_t>(h);
+      };
+      if (kv) store.template operator()<LV>();
+      else store.template operator()<L>();
     }
   }
 }
