@@ -264,10 +264,13 @@ void dequant_token_ref(const PagedLayout& l, const uint8_t* pool, int64_t page, 
     uint8_t codes[64], e = 0;
     const block::QParams qp = q_table(p, is_v, l.format).head(h, l.head_dim);
     const uint8_t* unit = lane_unit(l, pool, page, h, off);
-    if (l.head_dim == 64) lane_load<64>(l.format, qp, is_v, unit, off % 16, codes, e);
-    else lane_load<128>(l.format, qp, is_v, unit, off % 16, codes, e);
-    if (l.head_dim == 64) dequant_d<64>(l, codes, &e, h, is_v, p, out, false);
-    else dequant_d<128>(l, codes, &e, h, is_v, p, out, false);
+    if (l.head_dim == 64) {
+      lane_load<64>(l.format, qp, is_v, unit, off % 16, codes, e);
+      dequant_d<64>(l, codes, &e, h, is_v, p, out, false);
+    } else {
+      lane_load<128>(l.format, qp, is_v, unit, off % 16, codes, e);
+      dequant_d<128>(l, codes, &e, h, is_v, p, out, false);
+    }
     return;
   }
   const uint8_t* codes = token_codes(l, pool, page, h, off);
