@@ -11,4 +11,5 @@ size_t decode_workspace_bytes(const DecodeShape& s, int batch, int max_chunks);
 int device_sm_count();        // cached after the first call
 int decode_ctas_per_sm(Format f, int head_dim, int group, int stages);  // occupancy of the decode kernel
 size_t device_smem_optin();   // cached after the first call
+int device_cc_major();        // compute capability major, 0 without a device (cached)
 }  // namespace kvpack

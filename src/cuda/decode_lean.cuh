@@ -835,30 +835,12 @@ inline int lean_splits(const DecodeKernelParams& kp) {
 // fp8's lean kernel is opt-in (KVPACK_LEAN_FP8=1): measured at 0.87-0.94x of the regular kernel (H100, 2026-12-06,
 // bench/NOTES.md v34), so the regular kernel stays fp8's default.
 inline bool lean_fp8_applies(int head_dim) {
-  static const int cc = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return major;
-  }();
   const char* on = std::getenv("KVPACK_LEAN_FP8");
-  return head_dim == 128 && cc >= 9 && on && std::atoi(on) != 0;
+  return head_dim == 128 && device_cc_major() >= 9 && on && std::atoi(on) != 0;
 }
 
 // q4 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.
-inline bool lean_q_applies() {
-  static const int cc = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return major;
-  }();
-  return cc >= 8;
-}
+inline bool lean_q_applies() { return device_cc_major() >= 8; }
 
 template <int D, int QB>
 inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {

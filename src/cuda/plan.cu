@@ -22,6 +22,7 @@ namespace {
 struct DeviceInfo {
   int sms = 132;
   size_t smem_optin = 227 * 1024;
+  int cc_major = 0;  // compute capability major (0: no device)
   std::string name;
 };
 const DeviceInfo& device_info() {
@@ -33,6 +34,7 @@ const DeviceInfo& device_info() {
     if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess) {
       info.sms = prop.multiProcessorCount;
       info.smem_optin = prop.sharedMemPerBlockOptin;
+      info.cc_major = prop.major;
       info.name = prop.name;
     } else {
       cudaGetLastError();  // no device: plan with H200-like defaults so host-only code paths still work
@@ -44,6 +46,7 @@ const DeviceInfo& device_info() {
 
 int device_sm_count() { return device_info().sms; }
 size_t device_smem_optin() { return device_info().smem_optin; }
+int device_cc_major() { return device_info().cc_major; }
 
 namespace {
 void check_shape(const DecodeShape& s, int batch, int64_t max_context) {
