@@ -9,6 +9,7 @@
 #include "kvpack/block/q_lanes.h"
 #include "kvpack/block/qx.h"
 #include "kvpack/error.h"
+#include "kvpack/formats.h"
 
 extern "C" void dsyev_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
                        double* work, const int* lwork, int* info);
@@ -202,7 +203,9 @@ void fit_q_slot(const SlotStats& s, QFormatTables& t, int slot) {
   std::vector<int> bits(G, 0);
   // q4, q3: the fixed pattern of their lane layout (include/kvpack/block/q_lanes.h), the same for every slot, so the
   // decode kernel's masks are compile-time constants; the greedy allocation below is q3.5's.
-  const int lanes = t.bits_x2 % 2 == 0 ? t.bits_x2 / 2 : 0;
+  int lanes = 0;  // the lane bits (formats.h: lane_bits) of the format these tables belong to, by its bits
+  for (const FormatInfo& fi : all_formats())
+    if (fi.sink_tokens > 0 && std::lround(2 * fi.bits_per_element) == t.bits_x2) lanes = lane_bits(fi.id);
   if (lanes)
     for (int g = 0; g < G; ++g) bits[g] = block::lane_group_bits(lanes, D, slot % 2 == 1, g);
   for (int left = lanes ? 0 : budget; left > 0; --left) {
