@@ -50,8 +50,31 @@ TEST(WaveModelSplits, StaysWithinTheChunks) {
       }
 }
 
+// The lean kernel (q4 / q3): warps per (sequence, kv head) in multiples of 4, slots counted in warps (132 SMs x 3
+// CTAs x 4 warps). Batch 8 x 32k of 32q/8kv: 24 warps per (sequence, kv head) fill one wave of 1,536 warps; the
+// regular table's 4 x 8 = 32 (what the first lean run used) gave 1.3 waves.
+TEST(WaveModelSplits, LeanKernelStepsByFourWarps) {
+  constexpr int64_t kWarpSlots = 132 * 3 * 4;
+  EXPECT_EQ(wave_model_splits(8 * 8, chunks_of(32768), kWarpSlots, 4), 24);
+  EXPECT_EQ(wave_model_splits(8 * 8, chunks_of(131072), kWarpSlots, 4), 24);
+  for (int64_t units : {1, 8, 64, 512})
+    for (int64_t chunks : {1, 3, 64, 256, 2048}) {
+      const int s = wave_model_splits(units, chunks, kWarpSlots, 4);
+      EXPECT_EQ(s % 4, 0);
+      EXPECT_LE(s, (chunks + 3) / 4 * 4);  // at most one warp per chunk, rounded up to the CTA
+    }
+}
+
 TEST(WaveModelSplits, RejectsEmptyWork) {
   EXPECT_THROW(wave_model_splits(0, 1, 1), Error);
   EXPECT_THROW(wave_model_splits(1, 0, 1), Error);
   EXPECT_THROW(wave_model_splits(1, 1, 0), Error);
+  EXPECT_THROW(wave_model_splits(1, 1, 1, 0), Error);
+}
+
+TEST(DecodeKernelName, LaneFormatsRunTheLeanKernel) {
+  EXPECT_STREQ(decode_kernel_name(Format::q4), "lean");
+  EXPECT_STREQ(decode_kernel_name(Format::q3), "lean");
+  EXPECT_STREQ(decode_kernel_name(Format::fp8), "regular");
+  EXPECT_STREQ(decode_kernel_name(Format::q3_5), "regular");
 }

@@ -62,6 +62,7 @@ TEST(TuningTable, RoundTripThroughAFile) {
     e.num_splits = 1 + static_cast<int>(rng() % 256);
     e.stages = 2 + static_cast<int>(rng() % 7);
     e.median_us = static_cast<double>(rng() % 100000) / 7.0;
+    e.kernel = rng() % 2 ? "lean" : "regular";
     t.entries.push_back(e);
   }
   const auto path = std::filesystem::temp_directory_path() / ("kvpack_tune_" + std::to_string(::getpid()) + ".json");
@@ -83,6 +84,7 @@ TEST(TuningTable, RoundTripThroughAFile) {
     EXPECT_EQ(a.num_splits, b.num_splits);
     EXPECT_EQ(a.stages, b.stages);
     EXPECT_EQ(a.median_us, b.median_us);  // nlohmann writes doubles round-trip exact
+    EXPECT_EQ(a.kernel, b.kernel);
   }
   EXPECT_EQ(u.to_json(), t.to_json());
 }
@@ -154,6 +156,18 @@ TEST(TuningTable, MalformedFilesNameTheFieldAndEntry) {
       {"median a string", [](nlohmann::json& j) { j["entries"][0]["median_us"] = "fast"; }, "median_us is not a number"},
       {"duplicate bucket", [](nlohmann::json& j) { j["entries"].push_back(valid_entry()); },
        "entries[2] repeats the bucket of entries[0]"},
+      {"kernel unknown", [](nlohmann::json& j) { j["entries"][1]["kernel"] = "fast"; },
+       "entries[1].kernel = \"fast\" is not \"regular\" or \"lean\""},
+      {"kernel a number", [](nlohmann::json& j) { j["entries"][0]["kernel"] = 1; }, "entries[0].kernel = 1 is not"},
+      {"duplicate lean bucket",
+       [](nlohmann::json& j) {
+         for (int i = 0; i < 2; ++i) {
+           auto e = valid_entry();
+           e["kernel"] = "lean";
+           j["entries"].push_back(e);
+         }
+       },
+       "entries[3] repeats the bucket of entries[2]"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
@@ -175,6 +189,45 @@ TEST(TuningTable, MalformedFilesNameTheFieldAndEntry) {
   j["entries"][0]["comment"] = 1;
   j["entries"][1].erase("median_us");
   EXPECT_EQ(error_of(j), "");
+}
+
+// plan_decode's lookup: the format's own kernel only (q4 and q3 run the lean kernel, whose num_splits counts warps:
+// the built-in tables' q4 / q3 entries were measured on the regular kernel and must not steer it), then the largest
+// batch bucket <= the batch and in it the largest context bucket <= the context.
+TEST(TuningTable, FindTakesTheFormatsKernelAndTheNearestBucketBelow) {
+  nlohmann::json j = valid_table();  // q4 b8 32k (no kernel field: regular), fp8 b64 32k
+  auto lean = [](int batch, int64_t context, int splits) {
+    auto e = valid_entry();
+    e["kernel"] = "lean";
+    e["batch"] = batch;
+    e["context"] = context;
+    e["num_splits"] = splits;
+    return e;
+  };
+  j["entries"].push_back(lean(8, 8192, 20));
+  j["entries"].push_back(lean(8, 131072, 24));
+  j["entries"].push_back(lean(64, 8192, 8));
+  auto fp8_lean = valid_entry();
+  fp8_lean["format"] = "fp8";
+  fp8_lean["batch"] = 1;
+  fp8_lean["kernel"] = "lean";
+  j["entries"].push_back(fp8_lean);
+  const TuningTable t = TuningTable::parse(j.dump(), "t.json");
+  const DecodeShape q4{Format::q4, 32, 8, 128, 16};
+  const TuneEntry* e = t.find(q4, 8, 32768);  // the regular b8 32k entry is skipped; lean b8 8k is the bucket
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->kernel, "lean");
+  EXPECT_EQ(e->num_splits, 20);
+  EXPECT_EQ(t.find(q4, 16, 200000)->num_splits, 24);  // batch 8's largest context <= 200k
+  EXPECT_EQ(t.find(q4, 100, 65536)->num_splits, 8);   // batch 64, context 8k
+  EXPECT_EQ(t.find(q4, 4, 65536), nullptr);           // no batch bucket <= 4
+  EXPECT_EQ(t.find(q4, 8, 4096), nullptr);            // no context bucket <= 4096
+  EXPECT_EQ(t.find(DecodeShape{Format::q4, 32, 8, 128, 32}, 8, 32768), nullptr);  // other page size
+  EXPECT_EQ(t.find(DecodeShape{Format::q3, 32, 8, 128, 16}, 8, 32768), nullptr);  // other format
+  const DecodeShape fp8{Format::fp8, 32, 8, 128, 16};
+  ASSERT_NE(t.find(fp8, 64, 32768), nullptr);  // fp8 runs the regular kernel: its lean entry is skipped
+  EXPECT_EQ(t.find(fp8, 64, 32768)->kernel, "regular");
+  EXPECT_EQ(t.find(fp8, 8, 32768), nullptr);
 }
 
 TEST(TuningTable, MissingFileNamesThePath) {

@@ -68,7 +68,8 @@ struct DecodePlan {
   DecodeShape shape;
   int batch = 0;
   int64_t max_context = 0;   // longest sequence the plan accepts (tokens); longer ones set status and are cut
-  int num_splits = 1;        // CTAs per (sequence, kv head); chunks are dealt to them round-robin
+  int num_splits = 1;        // CTAs per (sequence, kv head) (the lean kernel of q4 / q3: warps per (sequence, kv
+                             // head), rounded up to a multiple of 4); chunks are dealt to them round-robin
   int stages = 4;            // cp.async pipeline depth (tiles in flight per CTA)
   int max_chunks = 0;        // ceil(max_context / kChunkTokens)
   size_t workspace_bytes = 0;  // device workspace run() needs; zero it once after allocation (run leaves it so)
@@ -84,18 +85,26 @@ struct TuneEntry {
   int num_splits = 1;
   int stages = 4;
   double median_us = 0;
+  // The kernel it was measured on ("regular", or "lean" for q4 / q3; JSON field "kernel", absent = "regular"):
+  // plan_decode takes an entry only for the kernel its format runs on now (decode_kernel_name), since the two read
+  // num_splits differently.
+  std::string kernel = "regular";
 };
 struct TuningTable {
   std::string gpu;           // device name the table was measured on
   std::string version;       // library version it was measured with
   std::vector<TuneEntry> entries;
   // The JSON form (`kvpack tune` writes it): {"gpu", "version", "entries": [{format, num_qo_heads, num_kv_heads,
-  // head_dim, page_size, batch, context, num_splits, stages, median_us}]}. Host code (src/common/tuning_table.cpp),
+  // head_dim, page_size, batch, context, num_splits, stages, median_us, kernel}]}. Host code (src/common/tuning_table.cpp),
   // no CUDA needed. parse/load throw kvpack::Error naming the source, the entry and the field for invalid JSON,
   // missing or mistyped fields, values outside what plan_decode accepts (group sizes 1..8, head_dim 64 / 128,
   // page_size 16 / 32 / 64 / 128, batch 1..65535, context 1..2^30, num_splits >= 1, stages 2..8, median_us
   // finite >= 0) and two entries for the same bucket.
   static TuningTable parse(const std::string& json_text, const std::string& source);
+  // The entry plan_decode takes for (shape, batch, max_context), or null: same format, shape and page size, measured
+  // on the kernel the format runs on (decode_kernel_name), the largest batch bucket <= batch and within it the
+  // largest context bucket <= max_context. Host code.
+  const TuneEntry* find(const DecodeShape& shape, int batch, int64_t max_context) const;
   static TuningTable load(const std::string& path);
   std::string to_json() const;
   void save(const std::string& path) const;
@@ -106,8 +115,12 @@ struct TuningTable {
 // each, cut into s splits, take about waves(s) x (ceil(chunks / s) + c) chunk-times, where c = 1/2 chunk is what a
 // CTA costs besides its chunks (prologue, query transform, partial writes and its share of the merge). The smallest
 // s of least cost wins. Without c the model saw no price in splitting and cut batch 64 x 32k into one-chunk CTAs:
-// 1.25x (fp8) to 1.7x (q formats) slower than the tuned plan on an H100 (bench/NOTES.md, v29). Host code.
-int wave_model_splits(int64_t units, int64_t chunks, int64_t slots);
+// 1.25x (fp8) to 1.7x (q formats) slower than the tuned plan on an H100 (bench/NOTES.md, v29). s runs over the
+// multiples of `step` (the lean kernel: warps per (sequence, kv head), a multiple of its 4 warps per CTA, with
+// `slots` counted in warps). Host code.
+int wave_model_splits(int64_t units, int64_t chunks, int64_t slots, int step = 1);
+// The decode kernel a format runs on: "lean" (q4, q3: their lane layout has no other reader) or "regular". Host code.
+const char* decode_kernel_name(Format f);
 
 // The tuning tables shipped inside the library (bench/results/tune_v9.json: NVIDIA H200, tune_h100_v1.json: NVIDIA
 // H100 80GB HBM3; embedded at build time), parsed on first use; the one measured on `gpu_name` (the CUDA device
@@ -116,8 +129,9 @@ const std::vector<TuningTable>& builtin_tuning_tables();
 const TuningTable* builtin_tuning_table(const std::string& gpu_name);
 
 // Host only; never touches the device except to read the SM count and name once (cached). A table whose gpu/version
-// do not match the running ones (or none) gives way to the built-in table of the running GPU when there is one, else
-// to the fallback (3 stages, splits from wave_model_splits).
+// do not match the running ones (or none), or that has no entry for the shape (TuningTable::find), gives way to the
+// built-in table of the running GPU when there is one, else to the fallback (3 stages, splits from
+// wave_model_splits; q4 / q3: the lean kernel's warps per (sequence, kv head) from its own occupancy).
 DecodePlan plan_decode(const DecodeShape& shape, int batch, int64_t max_context, const TuningTable* table = nullptr);
 // The fallback configuration alone, whatever tables exist (what a GPU without a table gets; `kvpack bench --table
 // fallback` compares it with the tuned plans).

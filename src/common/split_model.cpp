@@ -8,12 +8,15 @@
 
 namespace kvpack {
 
-int wave_model_splits(int64_t units, int64_t chunks, int64_t slots) {
-  KVPACK_CHECK(units >= 1 && chunks >= 1 && slots >= 1, "wave_model_splits: units {}, chunks {}, slots {} must be >= 1",
-               units, chunks, slots);
+int wave_model_splits(int64_t units, int64_t chunks, int64_t slots, int step) {
+  KVPACK_CHECK(units >= 1 && chunks >= 1 && slots >= 1 && step >= 1,
+               "wave_model_splits: units {}, chunks {}, slots {}, step {} must be >= 1", units, chunks, slots, step);
   // Costs in half-chunk steps: 2 per chunk of a CTA plus 1 for the CTA itself.
   int64_t best = 1, best_cost = INT64_MAX;
-  for (int64_t sp = 1; sp <= std::min<int64_t>(chunks, 4096); ++sp) {
+  // Multiples of `step` up to the first one that covers every chunk (the lean kernel's CTAs are 4 warps of one
+  // (sequence, kv head), so its split counts are multiples of 4; a split without a chunk only exits).
+  const int64_t last = std::min<int64_t>((chunks + step - 1) / step * step, 4096);
+  for (int64_t sp = step; sp <= last; sp += step) {
     const int64_t waves = (units * sp + slots - 1) / slots;
     const int64_t cost = waves * (2 * ((chunks + sp - 1) / sp) + 1);
     if (cost < best_cost) {
@@ -23,5 +26,7 @@ int wave_model_splits(int64_t units, int64_t chunks, int64_t slots) {
   }
   return static_cast<int>(best);
 }
+
+const char* decode_kernel_name(Format f) { return lane_bits(f) ? "lean" : "regular"; }
 
 }  // namespace kvpack

@@ -54,7 +54,7 @@ TuningTable TuningTable::parse(const std::string& text, const std::string& sourc
   const auto es = j.find("entries");
   KVPACK_CHECK(es != j.end(), "tuning table {}: 'entries' is missing", source);
   KVPACK_CHECK(es->is_array(), "tuning table {}: 'entries' is not an array", source);
-  using Key = std::tuple<int, int, int, int, int, int, int64_t>;
+  using Key = std::tuple<int, int, int, int, int, int, int64_t, bool>;
   std::map<Key, size_t> seen;
   for (size_t i = 0; i < es->size(); ++i) {
     const auto& e = (*es)[i];
@@ -89,13 +89,18 @@ TuningTable TuningTable::parse(const std::string& text, const std::string& sourc
       KVPACK_CHECK(std::isfinite(x.median_us) && x.median_us >= 0,
                    "tuning table {}: entries[{}].median_us = {} is not a finite time >= 0", source, i, x.median_us);
     }
+    if (const auto k = e.find("kernel"); k != e.end()) {
+      KVPACK_CHECK(k->is_string() && (k->get<std::string>() == "regular" || k->get<std::string>() == "lean"),
+                   "tuning table {}: entries[{}].kernel = {} is not \"regular\" or \"lean\"", source, i, k->dump());
+      x.kernel = k->get<std::string>();
+    }
     // Two entries for one bucket would make the plan depend on their order in the file.
     const Key key{static_cast<int>(x.format), x.num_qo_heads, x.num_kv_heads, x.head_dim, x.page_size, x.batch,
-                  x.context};
+                  x.context, x.kernel == "lean"};
     const auto [it, fresh] = seen.emplace(key, i);
     KVPACK_CHECK(fresh, "tuning table {}: entries[{}] repeats the bucket of entries[{}] ({} {}q/{}kv/{} page {}, "
-                 "batch {}, context {})", source, i, it->second, format_name(x.format), x.num_qo_heads,
-                 x.num_kv_heads, x.head_dim, x.page_size, x.batch, x.context);
+                 "batch {}, context {}, {} kernel)", source, i, it->second, format_name(x.format), x.num_qo_heads,
+                 x.num_kv_heads, x.head_dim, x.page_size, x.batch, x.context, x.kernel);
     t.entries.push_back(x);
   }
   return t;
@@ -118,7 +123,7 @@ std::string TuningTable::to_json() const {
     j["entries"].push_back({{"format", format_name(e.format)}, {"num_qo_heads", e.num_qo_heads},
                             {"num_kv_heads", e.num_kv_heads}, {"head_dim", e.head_dim}, {"page_size", e.page_size},
                             {"batch", e.batch}, {"context", e.context}, {"num_splits", e.num_splits},
-                            {"stages", e.stages}, {"median_us", e.median_us}});
+                            {"stages", e.stages}, {"median_us", e.median_us}, {"kernel", e.kernel}});
   return j.dump(1) + "\n";
 }
 
@@ -127,6 +132,19 @@ void TuningTable::save(const std::string& path) const {
   KVPACK_CHECK(f.good(), "tuning table {}: cannot write", path);
   f << to_json();
   KVPACK_CHECK(f.good(), "tuning table {}: write failed", path);
+}
+
+const TuneEntry* TuningTable::find(const DecodeShape& s, int batch, int64_t max_context) const {
+  const TuneEntry* best = nullptr;
+  for (const auto& e : entries) {
+    // An entry measured on the other kernel (e.g. q4 before its lane layout) says nothing about this one.
+    if (e.kernel != decode_kernel_name(s.format)) continue;
+    if (e.format != s.format || e.num_qo_heads != s.num_qo_heads || e.num_kv_heads != s.num_kv_heads ||
+        e.head_dim != s.head_dim || e.page_size != s.page_size || e.batch > batch || e.context > max_context)
+      continue;
+    if (!best || e.batch > best->batch || (e.batch == best->batch && e.context > best->context)) best = &e;
+  }
+  return best;
 }
 
 const std::vector<TuningTable>& builtin_tuning_tables() {

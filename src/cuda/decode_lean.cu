@@ -22,3 +22,14 @@ bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, in
   return true;
 }
 }  // namespace kvpack::cuda_detail
+
+namespace kvpack {
+int lean_ctas_per_sm(Format f, int head_dim) {
+  using namespace cuda_detail;
+  int n = 0;
+  if (lane_bits(f) == 4) n = head_dim == 64 ? lean_prepare<64, 4>() : lean_prepare<128, 4>();
+  else if (lane_bits(f) == 3) n = head_dim == 64 ? lean_prepare<64, 3>() : lean_prepare<128, 3>();
+  else if (f == Format::fp8 && head_dim == 128) n = lean_prepare<128, 0>();
+  return n > 0 ? n : 3;  // no device (host-only planning) or no q kernel here: the sm_90a occupancy of q4 at D = 128
+}
+}  // namespace kvpack

@@ -25,11 +25,13 @@
 #include <cstdlib>
 #include <cuda_fp8.h>
 
+#include "decode_internal.cuh"
 #include "kvpack/block/q_lanes.h"
 
 namespace kvpack::cuda_detail {
 
-constexpr int kLeanWarps = 4;    // warps per CTA (independent; the CTA only shares the SM's shared memory)
+// kLeanWarps (decode_internal.cuh, the planner counts with it): warps per CTA (independent; the CTA only shares the
+// SM's shared memory and, for q4 / q3, the query preparation).
 constexpr int kLeanStepTok = 32; // tokens per step: two 16-token units
 // Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more, so a warp's
 // ring also holds its two leaves at its smaller steps), its 16-byte copies per lane and step (fp8: 2 tokens x 32
@@ -826,9 +828,13 @@ __global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams 
   }
 }
 
-// Warps per (sequence, kv head) for a plan: the regular kernel's CTAs had 8 warps, so 8 x num_splits, at most one
-// per chunk.
+// Warps per (sequence, kv head) for a plan. q4 / q3: the plan's num_splits (plan.cu's lean wave model or a "lean"
+// tuning entry), rounded up to a multiple of kLeanWarps (a CTA's 4 warps share the query preparation); fp8 (opt-in,
+// planned for the regular kernel, whose CTAs had 8 warps): 8 x num_splits. At most one per chunk (q: rounded up).
+template <int QB>
 inline int lean_splits(const DecodeKernelParams& kp) {
+  if constexpr (QB != 0)
+    return (std::min(kp.num_splits, kp.max_chunks) + kLeanWarps - 1) / kLeanWarps * kLeanWarps;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(int64_t{kp.num_splits} * 8, kp.max_chunks)));
 }
 
@@ -842,19 +848,32 @@ inline bool lean_fp8_applies(int head_dim) {
 // q4 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.
 inline bool lean_q_applies() { return device_cc_major() >= 8; }
 
+// The kernel's shared-memory opt-in, once per instance; then its resident CTAs per SM (0 when it cannot run here).
+template <int D, int QB>
+inline int lean_prepare() {
+  static const int ctas = [] {
+    using Geo = LeanGeo<D, QB>;
+    int n = 0;
+    if (cudaFuncSetAttribute(lean_kernel<D, QB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(Geo::kSmem)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_kernel<D, QB>, kLeanWarps * 32, Geo::kSmem) !=
+            cudaSuccess)
+      n = 0;
+    cudaGetLastError();
+    return n;
+  }();
+  return ctas;
+}
+
 template <int D, int QB>
 inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
   using Geo = LeanGeo<D, QB>;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    cudaFuncSetAttribute(lean_kernel<D, QB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Geo::kSmem));
-    cudaGetLastError();
-  });
+  lean_prepare<D, QB>();
   // Leaf mode when one warp per chunk would give fewer than two waves of 8 warps per SM (the choice depends on the
   // plan only and both modes give the same bits).
   const bool leaf = int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
   // q4 / q3: a CTA's 4 warps share one (sequence, kv head) (its query preparation): splits a multiple of 4.
-  const int splits = leaf ? 0 : QB ? (lean_splits(kp) + kLeanWarps - 1) / kLeanWarps * kLeanWarps : lean_splits(kp);
+  const int splits = leaf ? 0 : lean_splits<QB>(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;
   dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
                  : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),

@@ -66,6 +66,10 @@ int model_splits(const DecodeShape& s, int batch, int64_t max_context, int stage
   const int group = s.num_qo_heads / s.num_kv_heads;
   const int64_t units = std::max<int64_t>(1, int64_t{batch} * s.num_kv_heads);
   const int64_t chunks = (max_context + kChunkTokens - 1) / kChunkTokens;
+  if (lane_bits(s.format)) {  // the lean kernel: warps per (sequence, kv head), in CTAs of kLeanWarps
+    const int64_t warp_slots = int64_t{device_sm_count()} * lean_ctas_per_sm(s.format, s.head_dim) * kLeanWarps;
+    return wave_model_splits(units, chunks, warp_slots, kLeanWarps);
+  }
   const int64_t slots = int64_t{device_sm_count()} * decode_ctas_per_sm(s.format, s.head_dim, group, stages);
   return wave_model_splits(units, chunks, slots);
 }
@@ -110,33 +114,26 @@ DecodePlan plan_decode_with(const DecodeShape& s, int batch, int64_t max_context
 
 DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, const TuningTable* table) {
   check_shape(s, batch, max_context);
-  // The caller's table when it was measured on this GPU with this library, else the built-in one of this GPU.
+  // The caller's table when it was measured on this GPU with this library and has an entry for the shape, else the
+  // built-in one of this GPU (so a table tuned for some formats leaves the others on their built-in entries).
   const auto usable = [](const TuningTable* t) {
     return t && t->gpu == device_info().name && t->version == library_version();
   };
   const TuningTable* builtin = builtin_tuning_table(device_info().name);
-  if (!usable(table)) table = builtin;
-  if (usable(table)) {
-    const TuneEntry* best = nullptr;
-    for (const auto& e : table->entries) {
-      if (e.format != s.format || e.num_qo_heads != s.num_qo_heads || e.num_kv_heads != s.num_kv_heads ||
-          e.head_dim != s.head_dim || e.page_size != s.page_size || e.batch > batch || e.context > max_context)
-        continue;
-      if (!best || e.batch > best->batch || (e.batch == best->batch && e.context > best->context)) best = &e;
-    }
-    if (best) {
-      const int group = s.num_qo_heads / s.num_kv_heads;
-      if (decode_smem_bytes(s.format, s.head_dim, group, best->stages) <= device_smem_optin()) {
-        // The measured split count holds for its own (batch, context) bucket; elsewhere the wave model picks it
-        // (with the tuned pipeline depth), so a 64k request on a table tuned at 8k is not cut into 8k-sized work.
-        const int splits = best->batch == batch && best->context == max_context
-                               ? best->num_splits
-                               : model_splits(s, batch, max_context, best->stages);
-        DecodePlan p = make_plan(s, batch, max_context, splits, best->stages);
-        p.source = table == builtin ? "built-in table" : "table";
-        return p;
-      }
-    }
+  for (const TuningTable* t : {table, builtin}) {
+    if (!usable(t)) continue;
+    const TuneEntry* best = t->find(s, batch, max_context);
+    if (!best) continue;
+    const int group = s.num_qo_heads / s.num_kv_heads;
+    if (decode_smem_bytes(s.format, s.head_dim, group, best->stages) > device_smem_optin()) continue;
+    // The measured split count holds for its own (batch, context) bucket; elsewhere the wave model picks it (with
+    // the tuned pipeline depth), so a 64k request on a table tuned at 8k is not cut into 8k-sized work.
+    const int splits = best->batch == batch && best->context == max_context
+                           ? best->num_splits
+                           : model_splits(s, batch, max_context, best->stages);
+    DecodePlan p = make_plan(s, batch, max_context, splits, best->stages);
+    p.source = t == builtin ? "built-in table" : "table";
+    return p;
   }
   return fallback_plan(s, batch, max_context);
 }

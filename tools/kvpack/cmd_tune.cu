@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "../../src/cuda/bench_harness.cuh"
 #include "command.h"
@@ -21,6 +23,7 @@ struct Opts {
   std::string contexts = "8192,32768,65536,131072";
   int page_size = 16;
   int iters = 7;
+  bool every = false;  // print every candidate's time, not only the best
   std::string out = "kvpack_tuning.json";
 };
 
@@ -56,23 +59,33 @@ int run_tune(const Opts& o) {
           const int max_chunks = static_cast<int>((c + kvpack::kChunkTokens - 1) / kvpack::kChunkTokens);
           kvpack::TuneEntry best;
           best.median_us = 1e30;
-          // 256: since v21's two-level merge, a 128k sequence at batch 1 gains from two CTAs per SM.
-          for (int splits : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
-            if (splits > max_chunks) break;
-            for (int stages : {2, 3, 4}) {
+          // Regular kernel: CTAs per (sequence, kv head) x pipeline depth (256: since v21's two-level merge, a 128k
+          // sequence at batch 1 gains from two CTAs per SM). Lean kernel (q4 / q3): warps per (sequence, kv head),
+          // multiples of its 4 warps per CTA up to one per chunk; its ring depth is fixed (stages is not read).
+          const bool lean = std::string(kvpack::decode_kernel_name(f)) == "lean";
+          const std::vector<int> regular_splits{1, 2, 4, 8, 16, 32, 64, 128, 256};
+          const std::vector<int> lean_splits{4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256};
+          const std::vector<int> regular_stages{2, 3, 4}, lean_stages{3};
+          for (int splits : lean ? lean_splits : regular_splits) {
+            if (splits > (lean ? (max_chunks + 3) / 4 * 4 : max_chunks)) break;
+            for (int stages : lean ? lean_stages : regular_stages) {
               kb::DecodeTiming t;
               try {
                 t = bench.time_decode(static_cast<int>(b), c, splits, stages, nullptr, o.iters);
               } catch (const kvpack::Error&) {
                 continue;  // e.g. not enough shared memory for this depth
               }
+              if (o.every)
+                fmt::print("  {:<6} {}q/{}kv/{} b={} ctx={}: splits {} stages {} {:.1f} us\n", kvpack::format_name(f),
+                           qo, kv, d, b, c, splits, stages, t.median_us);
               if (t.median_us < best.median_us) {
-                best = kvpack::TuneEntry{f, qo, kv, d, o.page_size, static_cast<int>(b), c, splits, stages, t.median_us};
+                best = kvpack::TuneEntry{f,      qo,     kv,     d, o.page_size, static_cast<int>(b), c,
+                                         splits, stages, t.median_us, kvpack::decode_kernel_name(f)};
               }
             }
           }
-          fmt::print("{:<6} {}q/{}kv/{} b={} ctx={}: splits {} stages {} {:.1f} us\n", kvpack::format_name(f), qo, kv,
-                     d, b, c, best.num_splits, best.stages, best.median_us);
+          fmt::print("{:<6} {}q/{}kv/{} b={} ctx={}: {} kernel, splits {} stages {} {:.1f} us\n",
+                     kvpack::format_name(f), qo, kv, d, b, c, best.kernel, best.num_splits, best.stages, best.median_us);
           table.entries.push_back(best);
         }
     }
@@ -90,6 +103,7 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--context", o->contexts, "Context buckets (tokens), comma separated");
   app->add_option("--page-size", o->page_size, "Tokens per page");
   app->add_option("--iters", o->iters, "Timed samples per candidate");
+  app->add_flag("--every", o->every, "Print every candidate's time, not only each bucket's best");
   app->add_option("-o,--out", o->out, "Output JSON");
   return [o] { return run_tune(*o); };
 }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call (bench/NOTES.md v35): build; the write-path / dequantiser / empty / graph GPU tests (q3's write fix);
+# `kvpack tune --every` for the lean formats (q4, q3: warps per (sequence, kv head), every candidate printed); the
+# product bench of fp8 (its built-in table) and q4 / q3 with the planner's lean wave model, then with the table just
+# tuned, all in the same run; then the DecodeGpu tests with whatever time is left (LIMIT_S, default 560).
+# Env: SHAPES / BATCHES / CONTEXTS (the grid), TUNE_FORMATS (default q4,q3), FIRST_TESTS / LAST_TESTS (gtest filters).
+source "$(dirname "$0")/device_env.sh" /tmp/lean_tune_out
+{ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
+    && cmake --build build-device -j16 --target kvpack_cli kvpack_gpu_tests; } > "$OUT/build.log" 2>&1
+rc=$?; stamp "build rc=$rc"; grep -E "error" -A3 "$OUT/build.log" | head -30
+[ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+T=./build-device/kvpack_gpu_tests
+K=./build-device/kvpack
+$T --gtest_filter="${FIRST_TESTS:-PagedWriteGpu.*:PagedDequantGpu.*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$OUT/tests_first.log" 2>&1
+stamp "first tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$OUT/tests_first.log" | head -30
+SH=${SHAPES:-32/8/128,8/1/128}
+BA=${BATCHES:-1,8,64}
+CT=${CONTEXTS:-32768,131072}
+$K tune --formats ${TUNE_FORMATS:-q4,q3} --shapes $SH --batch $BA --context $CT --every -o "$OUT/tune_lean.json" \
+  > "$OUT/tune.log" 2>&1
+stamp "tune rc=$?"; grep -v "^  " "$OUT/tune.log"
+GRID="--shapes $SH --batch $BA --context $CT"
+$K bench --formats fp8,q4,q3 $GRID --json "$OUT/bench_model.json" 2>&1 | grep -vE " write" > "$OUT/bench.log"
+stamp "bench (fp8 built-in table, q4 / q3 lean wave model) rc=$?"
+echo "== with the tuned lean table" >> "$OUT/bench.log"
+$K bench --formats fp8,q4,q3 $GRID --table "$OUT/tune_lean.json" --json "$OUT/bench_tuned.json" 2>&1 \
+  | grep -vE " write" >> "$OUT/bench.log"
+stamp "bench (tuned) rc=$?"; cat "$OUT/bench.log"
+left=$(( ${LIMIT_S:-560} - ($(date +%s) - t0) ))
+stamp "DecodeGpu tests, $left s left"
+timeout $((left > 20 ? left - 10 : 10)) $T --gtest_filter="${LAST_TESTS:-DecodeGpu.BitwiseIdentical*:DecodeGpu.RandomShapes*:DecodeGpu.LongContext*}" > "$OUT/tests_decode.log" 2>&1
+stamp "decode tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|^\[ RUN|Failure|rror" "$OUT/tests_decode.log" | head -40
