@@ -3,7 +3,9 @@
 # `kvpack tune --every` for the lean formats (q4, q3: warps per (sequence, kv head), every candidate printed); the
 # product bench of fp8 (its built-in table) and q4 / q3 with the planner's lean wave model, then with the table just
 # tuned, all in the same run; then the DecodeGpu tests with whatever time is left (LIMIT_S, default 560).
-# Env: SHAPES / BATCHES / CONTEXTS (the grid), TUNE_FORMATS (default q4,q3), FIRST_TESTS / LAST_TESTS (gtest filters).
+# Env: SHAPES / BATCHES / CONTEXTS (the grid), TUNE_FORMATS (default q4,q3; TUNE=0 skips the tune and its bench),
+# NCU=1 adds ncu's per-kernel durations (lean kernel and its merge) for NCU_CASES (default below), FIRST_TESTS /
+# LAST_TESTS (gtest filters).
 source "$(dirname "$0")/device_env.sh" /tmp/lean_tune_out
 { cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
     && cmake --build build-device -j16 --target kvpack_cli kvpack_gpu_tests; } > "$OUT/build.log" 2>&1
@@ -16,16 +18,34 @@ stamp "first tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rr
 SH=${SHAPES:-32/8/128,8/1/128}
 BA=${BATCHES:-1,8,64}
 CT=${CONTEXTS:-32768,131072}
-$K tune --formats ${TUNE_FORMATS:-q4,q3} --shapes $SH --batch $BA --context $CT --every -o "$OUT/tune_lean.json" \
-  > "$OUT/tune.log" 2>&1
-stamp "tune rc=$?"; grep -v "^  " "$OUT/tune.log"
+if [ "${TUNE:-1}" != 0 ]; then
+  $K tune --formats ${TUNE_FORMATS:-q4,q3} --shapes $SH --batch $BA --context $CT --every -o "$OUT/tune_lean.json" \
+    > "$OUT/tune.log" 2>&1
+  stamp "tune rc=$?"; grep -v "^  " "$OUT/tune.log"
+fi
 GRID="--shapes $SH --batch $BA --context $CT"
 $K bench --formats fp8,q4,q3 $GRID --json "$OUT/bench_model.json" 2>&1 | grep -vE " write" > "$OUT/bench.log"
 stamp "bench (fp8 built-in table, q4 / q3 lean wave model) rc=$?"
-echo "== with the tuned lean table" >> "$OUT/bench.log"
-$K bench --formats fp8,q4,q3 $GRID --table "$OUT/tune_lean.json" --json "$OUT/bench_tuned.json" 2>&1 \
-  | grep -vE " write" >> "$OUT/bench.log"
-stamp "bench (tuned) rc=$?"; cat "$OUT/bench.log"
+if [ "${TUNE:-1}" != 0 ]; then
+  echo "== with the tuned lean table" >> "$OUT/bench.log"
+  $K bench --formats fp8,q4,q3 $GRID --table "$OUT/tune_lean.json" --json "$OUT/bench_tuned.json" 2>&1 \
+    | grep -vE " write" >> "$OUT/bench.log"
+  stamp "bench (tuned) rc=$?"
+fi
+cat "$OUT/bench.log"
+if [ "${NCU:-0}" != 0 ]; then
+  NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  : > "$OUT/ncu.log"
+  for c in ${NCU_CASES:-q4:8/1/128:1:131072 q4:32/8/128:8:32768 q4:32/8/128:64:32768 q3:32/8/128:8:32768}; do
+    IFS=: read -r f sh b ctx <<< "$c"
+    echo "== $f $sh b=$b ctx=$ctx" >> "$OUT/ncu.log"
+    $NCU_BIN --clock-control none --kernel-name regex:lean --launch-skip 8 --launch-count 4 \
+      --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+      $K bench --formats $f --shapes $sh --batch $b --context $ctx --iters 3 2>&1 \
+      | grep -E "lean_|gpu__time|throughput" >> "$OUT/ncu.log"
+  done
+  stamp "ncu done"; cat "$OUT/ncu.log"
+fi
 left=$(( ${LIMIT_S:-560} - ($(date +%s) - t0) ))
 stamp "DecodeGpu tests, $left s left"
 timeout $((left > 20 ? left - 10 : 10)) $T --gtest_filter="${LAST_TESTS:-DecodeGpu.BitwiseIdentical*:DecodeGpu.RandomShapes*:DecodeGpu.LongContext*}" > "$OUT/tests_decode.log" 2>&1

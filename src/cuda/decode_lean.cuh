@@ -236,24 +236,42 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
     }
     __syncthreads();
     const block::QParams kq = p.fp.qk.head(h, D);
+    // The prologue is latency-bound (every CTA runs it; at batch 1 it was most of a decode): G's column loads are
+    // issued 16 at a time (in order over r: the sums are unchanged), and q . mu is one warp-wide sum per head.
+    constexpr int kBatch = 16;
     for (int c = tid; c < D; c += kLeanWarps * 32) {
       float a[8];
 #pragma unroll
       for (int hg = 0; hg < 8; ++hg) a[hg] = 0.f;
-#pragma unroll 4
-      for (int r = 0; r < D; ++r) {
-        const float gv = __ldg(kq.inv + r * D + c);
+#pragma unroll 1
+      for (int r0 = 0; r0 < D; r0 += kBatch) {
+        float gv[kBatch];
 #pragma unroll
-        for (int hg = 0; hg < 8; ++hg) a[hg] = fmaf(gv, q_s[hg * D + r], a[hg]);
+        for (int j = 0; j < kBatch; ++j) gv[j] = __ldg(kq.inv + (r0 + j) * D + c);
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+          for (int hg = 0; hg < 8; ++hg) a[hg] = fmaf(gv[j], q_s[hg * D + r0 + j], a[hg]);
       }
       const float up = ldexpf(__ldg(kq.step + c), kexp_s[c / 8]);
 #pragma unroll
       for (int hg = 0; hg < 8; ++hg) t_s[hg * D + c] = a[hg] * up;
     }
-    if (tid < 8) {  // q . mu, in order over r
-      float a = 0.f;
-      for (int r = 0; r < D; ++r) a = fmaf(q_s[tid * D + r], __ldg(kq.mean + r), a);
-      hc_s[tid * 4 + 2] = a;
+    static_assert(kLeanWarps == 4, "q . mu: two heads per warp");
+    {  // q . mu of heads 2 warp, 2 warp + 1: lane sums over r = lane + 32 k in order of k, then a fixed xor tree
+      float mu[D / 32];
+#pragma unroll
+      for (int k = 0; k < D / 32; ++k) mu[k] = __ldg(kq.mean + lane + 32 * k);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int hg = 2 * warp + hh;
+        float a = 0.f;
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) a = fmaf(q_s[hg * D + lane + 32 * k], mu[k], a);
+#pragma unroll
+        for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
+        if (lane == 0) hc_s[hg * 4 + 2] = a;
+      }
     }
     __syncthreads();
     for (int hg = warp; hg < 8; hg += kLeanWarps) {
@@ -785,7 +803,7 @@ __global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams 
       if (p.lse && i % D == 0)
         p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (M + log2f(L)) * 0.69314718055994530942f : -INFINITY;
     } else {
-      __shared__ float o_s[D], q_s[D], ssc_s[kSinkTokens];
+      __shared__ float o_s[D], q_s[D], g_s[D], ssc_s[kSinkTokens];
       const int r = threadIdx.x;
       const block::QParams vq = p.fp.qv.head(h, D);
       o_s[r] = O * __ldg(vq.step + r);
@@ -806,11 +824,31 @@ __global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams 
         ssc_s[r] = a;
       }
       __syncthreads();
-      // Row r of G: mu_r L + sum_c G[r][c] o_s[c], in order over c.
-      float u = __ldg(vq.mean + r) * L;
-      const float* grow = vq.inv + r * D;
-#pragma unroll 8
-      for (int c = 0; c < D; ++c) u = fmaf(__ldg(grow + c), o_s[c], u);
+      // Row r of G: mu_r L + sum_c G[r][c] o_s[c]. Warp w takes rows w, w + D/32, ... (32 rows): its lanes read a
+      // row coalesced (c = lane + 32 k), sum over k in order, then a fixed xor tree; 8 rows' loads in flight at once.
+      // (One thread per row reading its row alone was a latency chain of D / 8 uncoalesced rounds.)
+      {
+        const int w = r / 32, ln = r % 32;
+#pragma unroll 1
+        for (int r0 = 0; r0 < 32; r0 += 8) {
+          float gv[8][D / 32];
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int k = 0; k < D / 32; ++k) gv[i][k] = __ldg(vq.inv + ((r0 + i) * (D / 32) + w) * D + ln + 32 * k);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            float a = 0.f;
+#pragma unroll
+            for (int k = 0; k < D / 32; ++k) a = fmaf(gv[i][k], o_s[ln + 32 * k], a);
+#pragma unroll
+            for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
+            if (ln == 0) g_s[(r0 + i) * (D / 32) + w] = a;
+          }
+        }
+      }
+      __syncthreads();
+      float u = fmaf(__ldg(vq.mean + r), L, g_s[r]);
       float mt = M;
       for (int j = 0; j < n_sink; ++j) mt = fmaxf(mt, ssc_s[j]);
       const float mr = mt == -INFINITY ? 0.f : mt;
