@@ -7,10 +7,7 @@
 # NCU=1 adds ncu's per-kernel durations (lean kernel and its merge) for NCU_CASES (default below), FIRST_TESTS /
 # LAST_TESTS (gtest filters).
 source "$(dirname "$0")/device_env.sh" /tmp/lean_tune_out
-{ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-    && cmake --build build-device -j16 --target kvpack_cli kvpack_gpu_tests; } > "$OUT/build.log" 2>&1
-rc=$?; stamp "build rc=$rc"; grep -E "error" -A3 "$OUT/build.log" | head -30
-[ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+build_device kvpack_cli kvpack_gpu_tests
 T=./build-device/kvpack_gpu_tests
 K=./build-device/kvpack
 $T --gtest_filter="${FIRST_TESTS:-PagedWriteGpu.*:PagedDequantGpu.*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$OUT/tests_first.log" 2>&1
@@ -39,7 +36,9 @@ if [ "${NCU:-0}" != 0 ]; then
   for c in ${NCU_CASES:-q4:8/1/128:1:131072 q4:32/8/128:8:32768 q4:32/8/128:64:32768 q3:32/8/128:8:32768}; do
     IFS=: read -r f sh b ctx <<< "$c"
     echo "== $f $sh b=$b ctx=$ctx" >> "$OUT/ncu.log"
-    $NCU_BIN --clock-control none --kernel-name regex:lean --launch-skip 8 --launch-count 4 \
+    # skip 2: the warm-up launch of each kernel; a large pool gives a single rotation, i.e. only (1 + iters) launches
+    # of each kernel (v36: --launch-skip 8 profiled nothing)
+    $NCU_BIN --clock-control none --kernel-name regex:lean --launch-skip 2 --launch-count 2 \
       --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
       $K bench --formats $f --shapes $sh --batch $b --context $ctx --iters 3 2>&1 \
       | grep -E "lean_|gpu__time|throughput" >> "$OUT/ncu.log"

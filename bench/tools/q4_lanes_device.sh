@@ -6,10 +6,7 @@
 # SKIP_REGULAR=1 skips the regular fp8 run; SHAPES / BATCHES / CONTEXTS set the grid, BENCH_EXTRA adds bench options;
 # FIRST_TESTS / LAST_TESTS gtest filters.
 source "$(dirname "$0")/device_env.sh" /tmp/q4l_out
-{ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-    && cmake --build build-device -j16 --target kvpack_cli kvpack_gpu_tests; } > "$OUT/build.log" 2>&1
-rc=$?; stamp "build rc=$rc"; grep -E "error" -A3 "$OUT/build.log" | head -30
-[ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+build_device kvpack_cli kvpack_gpu_tests
 T=./build-device/kvpack_gpu_tests
 $T --gtest_filter="${FIRST_TESTS:-PagedWriteGpu.*:PagedDequantGpu.*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*}" > "$OUT/tests_first.log" 2>&1
 stamp "first tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$OUT/tests_first.log" | head -30

@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
 
 #include "../../src/cuda/bench_harness.cuh"
 #include "command.h"
@@ -121,12 +122,17 @@ int run_bench(const Opts& o) {
           row.update({{"kind", "decode"}, {"batch", b}, {"context", c}, {"median_us", t.median_us},
                       {"min_us", t.min_us}, {"bandwidth_tbs", t.bandwidth_tbs}, {"bytes", t.bytes},
                       {"frac_read_bw", t.bandwidth_tbs / read_bw}, {"num_splits", t.num_splits},
-                      {"stages", t.stages}, {"plan", t.plan_source}, {"rotations", t.rotations}});
+                      {"stages", t.stages}, {"plan", t.plan_source}, {"rotations", t.rotations},
+                      {"kernel", kvpack::decode_kernel_name(f)}});
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
-          fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) splits {} stages {}\n",
+          // The lean kernel (q4 / q3) counts warps per (sequence, kv head) and has no pipeline-depth setting.
+          const bool lean = std::string(kvpack::decode_kernel_name(f)) == "lean";
+          fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {}\n",
                      kvpack::format_name(f), sh.qo, sh.kv, sh.d, b, c, t.median_us, t.bandwidth_tbs,
-                     100 * t.bandwidth_tbs / read_bw, t.num_splits, t.stages);
+                     100 * t.bandwidth_tbs / read_bw,
+                     lean ? fmt::format("lean, warps {}", t.num_splits)
+                          : fmt::format("splits {} stages {}", t.num_splits, t.stages));
         }
         // Write path: one decode step (one token per sequence) and a prefill of 64k tokens, for one layer.
         for (int n : {b, 65536}) {
