@@ -95,11 +95,11 @@ struct TuningTable {
   std::string version;       // library version it was measured with
   std::vector<TuneEntry> entries;
   // The JSON form (`kvpack tune` writes it): {"gpu", "version", "entries": [{format, num_qo_heads, num_kv_heads,
-  // head_dim, page_size, batch, context, num_splits, stages, median_us, kernel}]}. Host code (src/common/tuning_table.cpp),
-  // no CUDA needed. parse/load throw kvpack::Error naming the source, the entry and the field for invalid JSON,
-  // missing or mistyped fields, values outside what plan_decode accepts (group sizes 1..8, head_dim 64 / 128,
-  // page_size 16 / 32 / 64 / 128, batch 1..65535, context 1..2^30, num_splits >= 1, stages 2..8, median_us
-  // finite >= 0) and two entries for the same bucket.
+  // head_dim, page_size, batch, context, num_splits, stages, median_us, kernel}]}. Host code
+  // (src/common/tuning_table.cpp), no CUDA needed. parse/load throw kvpack::Error naming the source, the entry and
+  // the field for invalid JSON, missing or mistyped fields, values outside what plan_decode accepts (group sizes
+  // 1..8, head_dim 64 / 128, page_size 16 / 32 / 64 / 128, batch 1..65535, context 1..2^30, num_splits >= 1, stages
+  // 2..8, median_us finite >= 0, kernel "regular" / "lean") and two entries for the same bucket and kernel.
   static TuningTable parse(const std::string& json_text, const std::string& source);
   // The entry plan_decode takes for (shape, batch, max_context), or null: same format, shape and page size, measured
   // on the kernel the format runs on (decode_kernel_name), the largest batch bucket <= batch and within it the
