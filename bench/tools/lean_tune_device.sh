@@ -4,7 +4,8 @@
 # product bench of fp8 (its built-in table) and q4 / q3 with the planner's lean wave model, then with the table just
 # tuned, all in the same run; then the DecodeGpu tests with whatever time is left (LIMIT_S, default 560).
 # Env: SHAPES / BATCHES / CONTEXTS (the grid), TUNE_FORMATS (default q4,q3; TUNE=0 skips the tune and its bench),
-# NCU=1 adds ncu's per-kernel durations (lean kernel and its merge) for NCU_CASES (default below), FIRST_TESTS /
+# NCU=1 adds ncu's per-kernel durations (lean kernel and its merge) for NCU_CASES (default below), NSYS=1 nsys's
+# per-kernel time summaries for the same cases, FIRST_TESTS /
 # LAST_TESTS (gtest filters).
 source "$(dirname "$0")/device_env.sh" /tmp/lean_tune_out
 build_device kvpack_cli kvpack_gpu_tests
@@ -44,6 +45,21 @@ if [ "${NCU:-0}" != 0 ]; then
       | grep -E "lean_|gpu__time|throughput" >> "$OUT/ncu.log"
   done
   stamp "ncu done"; cat "$OUT/ncu.log"
+fi
+if [ "${NSYS:-0}" != 0 ]; then  # per-kernel time summaries (all launches of one bench case), if nsys is installed
+  NSYS_BIN=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  : > "$OUT/nsys.log"
+  if [ -z "$NSYS_BIN" ]; then echo "nsys: not installed here" >> "$OUT/nsys.log"; fi
+  for c in ${NCU_CASES:-q4:8/1/128:1:131072 q4:32/8/128:8:32768 q4:32/8/128:64:32768 q3:32/8/128:8:32768}; do
+    [ -n "$NSYS_BIN" ] || break
+    IFS=: read -r f sh b ctx <<< "$c"
+    echo "== $f $sh b=$b ctx=$ctx" >> "$OUT/nsys.log"
+    "$NSYS_BIN" profile -t cuda --force-overwrite true -o /tmp/nsys_case $K bench --formats $f --shapes $sh \
+      --batch $b --context $ctx --iters 10 > /dev/null 2>&1
+    "$NSYS_BIN" stats -q -r cuda_gpu_kern_sum -f csv /tmp/nsys_case.nsys-rep 2>&1 | grep -E "lean|Time" \
+      | cut -c1-220 >> "$OUT/nsys.log"
+  done
+  stamp "nsys done"; cat "$OUT/nsys.log"
 fi
 left=$(( ${LIMIT_S:-560} - ($(date +%s) - t0) ))
 stamp "DecodeGpu tests, $left s left"
