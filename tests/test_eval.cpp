@@ -445,6 +445,35 @@ TEST(EvalModel, QuantizeOnlyKOrOnlyV) {
   EXPECT_NE(kl[1], kl[2]);
 }
 
+// --v-format: rows keep their format on K and store V in another. The row's own format on V is the plain run, bit
+// for bit; bf16 on V is --quantize k; another format differs from both.
+TEST(EvalModel, VFormatStoresValuesInAnotherFormat) {
+  EVAL_NEED_MODEL();
+  const LlamaModel& m = *eval_model();
+  auto tokens = m.tokenizer().encode(
+      "The packages are maintained by volunteers who care about stability, and every release is tested for months "
+      "before it is published. Security updates reach the stable release through a separate archive.",
+      false, false);
+  ASSERT_GE(tokens.size(), 33u);
+  tokens.resize(33);
+  EvalConfig cfg;
+  cfg.window = 16;
+  cfg.max_positions = 32;
+  cfg.progress = false;
+  auto kl_of = [&](QuantizedKinds q, std::optional<Format> v) {
+    auto wl = make_model_window_logits(m, nullptr, q, v);
+    const EvalResult r = run_eval(*wl, {{"snippet", tokens}}, {Format::bf16, Format::int4}, cfg);
+    EXPECT_EQ(r.texts[0].formats[0].all.kl_mean, 0.0);  // bf16 is never split
+    return r.texts[0].formats[1].all.kl_mean;
+  };
+  const double plain = kl_of(QuantizedKinds::kv, std::nullopt);
+  EXPECT_EQ(kl_of(QuantizedKinds::kv, Format::int4), plain);
+  EXPECT_EQ(kl_of(QuantizedKinds::kv, Format::bf16), kl_of(QuantizedKinds::k, std::nullopt));
+  const double mixed = kl_of(QuantizedKinds::kv, Format::int4h);
+  EXPECT_GT(mixed, 0.0);
+  EXPECT_NE(mixed, plain);
+}
+
 TEST(EvalModel, RulerEndToEndTinyPrompt) {
   EVAL_NEED_MODEL();
   const LlamaModel& m = *eval_model();

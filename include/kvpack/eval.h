@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -146,9 +147,12 @@ QuantizedKinds parse_quantized_kinds(const std::string& s);  // throws kvpack::E
 const char* quantized_kinds_name(QuantizedKinds q);
 
 // Binds WindowLogits to the reference runner: one LlamaSession per window and format, codecs from make_codec()
-// (calib may be null for formats that need none).
+// (calib may be null for formats that need none). v_format (a design diagnostic, `kvpack eval --v-format`): every
+// quantised row keeps its format for K and stores V in v_format instead (e.g. q4 keys with q3 values); bf16 stays the
+// reference. Combined with kinds = k the V half stays bf16, with kinds = v the row's format is not used at all.
 std::unique_ptr<WindowLogits> make_model_window_logits(const LlamaModel& model, const Calibration* calib,
-                                                       QuantizedKinds kinds = QuantizedKinds::kv);
+                                                       QuantizedKinds kinds = QuantizedKinds::kv,
+                                                       std::optional<Format> v_format = std::nullopt);
 
 // ------------------------------------------------------------------------------------------------------------------
 // RULER-style retrieval suite

@@ -27,15 +27,32 @@ class OneKindCodec final : public KvCodec {
   KvKind kind_;
 };
 
+// K in one codec, V in another (--v-format).
+class SplitCodec final : public KvCodec {
+ public:
+  SplitCodec(std::unique_ptr<KvCodec> k, std::unique_ptr<KvCodec> v) : k_(std::move(k)), v_(std::move(v)) {}
+  std::string name() const override { return k_->name() + " K + " + v_->name() + " V"; }
+  void store(int layer, KvKind kind, int n_tokens, const int* positions, int n_kv_heads, int head_dim,
+             float* x) const override {
+    (kind == KvKind::K ? k_ : v_)->store(layer, kind, n_tokens, positions, n_kv_heads, head_dim, x);
+  }
+
+ private:
+  std::unique_ptr<KvCodec> k_, v_;
+};
+
 // One codec per format, made on first use (make_codec checks the calibration against the model and names what is
 // missing, e.g. a q3 run with a file calibrated without q3). bf16 is the reference and is never restricted.
 class CodecCache {
  public:
-  CodecCache(const LlamaModel& m, const Calibration* c, QuantizedKinds q) : model_(m), calib_(c), kinds_(q) {}
+  CodecCache(const LlamaModel& m, const Calibration* c, QuantizedKinds q, std::optional<Format> v = std::nullopt)
+      : model_(m), calib_(c), kinds_(q), v_format_(v) {}
   const KvCodec* get(Format f) {
     auto it = codecs_.find(f);
     if (it == codecs_.end()) {
       auto c = make_codec(f, model_.config(), calib_);
+      if (v_format_ && f != Format::bf16)
+        c = std::make_unique<SplitCodec>(std::move(c), make_codec(*v_format_, model_.config(), calib_));
       if (kinds_ != QuantizedKinds::kv && f != Format::bf16)
         c = std::make_unique<OneKindCodec>(std::move(c), kinds_ == QuantizedKinds::k ? KvKind::K : KvKind::V);
       it = codecs_.emplace(f, std::move(c)).first;
@@ -47,12 +64,14 @@ class CodecCache {
   const LlamaModel& model_;
   const Calibration* calib_;
   QuantizedKinds kinds_;
+  std::optional<Format> v_format_;
   std::map<Format, std::unique_ptr<KvCodec>> codecs_;
 };
 
 class ModelWindowLogits final : public WindowLogits {
  public:
-  ModelWindowLogits(const LlamaModel& m, const Calibration* c, QuantizedKinds q) : model_(m), codecs_(m, c, q) {}
+  ModelWindowLogits(const LlamaModel& m, const Calibration* c, QuantizedKinds q, std::optional<Format> v)
+      : model_(m), codecs_(m, c, q, v) {}
   int vocab_size() const override { return model_.config().vocab_size; }
   void run(Format f, std::span<const int32_t> tokens,
            const std::function<void(int, int, const float*)>& cb) override {
@@ -162,8 +181,8 @@ const char* quantized_kinds_name(QuantizedKinds q) {
 }
 
 std::unique_ptr<WindowLogits> make_model_window_logits(const LlamaModel& model, const Calibration* calib,
-                                                       QuantizedKinds kinds) {
-  return std::make_unique<ModelWindowLogits>(model, calib, kinds);
+                                                       QuantizedKinds kinds, std::optional<Format> v_format) {
+  return std::make_unique<ModelWindowLogits>(model, calib, kinds, v_format);
 }
 
 std::unique_ptr<RulerModel> make_model_ruler(const LlamaModel& model, const Calibration* calib, int max_context,

@@ -28,6 +28,7 @@ struct Opts {
   CLI::Option* json_opt = nullptr;
   bool quiet = false;
   std::string quantize = "kv";
+  std::string v_format;  // empty: each row's format on V too
 };
 
 std::string read_file(const std::string& path) {
@@ -64,8 +65,15 @@ int run(const Opts& o) {
 
   std::optional<kvpack::Calibration> calib;
   if (!o.calib.empty()) calib = kvpack::Calibration::load(o.calib, cfg);
+  std::optional<kvpack::Format> v_format;
+  if (!o.v_format.empty()) {
+    v_format = kvpack::parse_format(o.v_format);
+    KVPACK_CHECK(v_format.has_value(), "--v-format: '{}' is not a format", o.v_format);
+  }
   // Fail before hours of compute, not after the first window: every codec must be constructible.
-  for (auto f : formats) {
+  auto need = formats;
+  if (v_format) need.push_back(*v_format);
+  for (auto f : need) {
     KVPACK_CHECK(!kvpack::format_info(f).calibrated || calib, "format {} needs a calibration file (--calib FILE.kvcal)",
                  kvpack::format_name(f));
     (void)kvpack::make_codec(f, cfg, calib ? &*calib : nullptr);
@@ -91,7 +99,7 @@ int run(const Opts& o) {
     texts.push_back(std::move(t));
   }
 
-  auto wl = kvpack::make_model_window_logits(model, calib ? &*calib : nullptr, kinds);
+  auto wl = kvpack::make_model_window_logits(model, calib ? &*calib : nullptr, kinds, v_format);
   const auto result = kvpack::run_eval(*wl, texts, formats, ec);
 
   const bool json_stdout = o.json_opt->count() > 0 && (o.json_path.empty() || o.json_path == "-");
@@ -99,6 +107,7 @@ int run(const Opts& o) {
   j["model"] = o.model;
   j["calib"] = o.calib;
   j["quantized"] = kvpack::quantized_kinds_name(kinds);
+  if (v_format) j["v_format"] = kvpack::format_name(*v_format);
   j["texts"] = o.texts;
   if (o.json_opt->count() > 0) {
     if (json_stdout) {
@@ -110,6 +119,9 @@ int run(const Opts& o) {
     }
   }
   // The table goes to stdout unless JSON took it.
+  if (v_format)
+    fmt::print(json_stdout ? stderr : stdout, "V stored in {} for every row but bf16 (--v-format)\n",
+               kvpack::format_name(*v_format));
   fmt::print(json_stdout ? stderr : stdout, "{}", kvpack::eval_to_table(result));
   fmt::print(json_stdout ? stderr : stdout, "{:.1f} s\n", result.seconds);
   if (!o.plot.empty()) kvpack::plot_eval(result, o.plot);
@@ -133,6 +145,9 @@ kvpack::cli::Runner setup(CLI::App* app) {
                   "Which of the cache the formats quantise: kv (default), or k / v only with the other in bf16 "
                   "(diagnostic)")
       ->check(CLI::IsMember({"kv", "k", "v"}));
+  app->add_option("--v-format", o->v_format,
+                  "Store V in this format instead of each row's (rows keep their format on K; a design diagnostic, "
+                  "e.g. --formats q4 --v-format q3: q4 keys with q3 values)");
   app->add_flag("--quiet", o->quiet, "No progress bar");
   return [o] { return run(*o); };
 }
