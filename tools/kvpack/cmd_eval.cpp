@@ -100,7 +100,14 @@ int run(const Opts& o) {
   }
 
   auto wl = kvpack::make_model_window_logits(model, calib ? &*calib : nullptr, kinds, v_format);
-  const auto result = kvpack::run_eval(*wl, texts, formats, ec);
+  auto result = kvpack::run_eval(*wl, texts, formats, ec);
+  // --v-format: a row's cache is half its format (K) and half the V format: report the mean of the two.
+  if (v_format)
+    for (auto& t : result.texts)
+      for (auto& f : t.formats)
+        if (f.format != kvpack::Format::bf16)
+          f.bits_per_element = 0.5 * (kvpack::format_info(f.format).bits_per_element +
+                                      kvpack::format_info(*v_format).bits_per_element);
 
   const bool json_stdout = o.json_opt->count() > 0 && (o.json_path.empty() || o.json_path == "-");
   auto j = kvpack::eval_to_json(result);
