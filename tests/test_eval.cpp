@@ -409,6 +409,29 @@ TEST(EvalModel, Bf16TwiceIsExactlyZeroAndInt4IsNot) {
   EXPECT_GT(i4.top1_agreement, 0.5);
 }
 
+// The first 33 tokens of a sentence (empty when it has fewer), scored in 16-token windows (32 positions): the
+// smallest real-model runs of the eval harness.
+namespace {
+std::vector<int32_t> snippet_tokens(const LlamaModel& m, const char* text) {
+  auto t = m.tokenizer().encode(text, false, false);
+  if (t.size() < 33) return {};
+  t.resize(33);
+  return t;
+}
+// int4's mean KL on the snippet (bf16 checked to be the exact reference), for the diagnostics' options.
+double snippet_int4_kl(const LlamaModel& m, const std::vector<int32_t>& tokens, QuantizedKinds q,
+                       std::optional<Format> v_format = std::nullopt) {
+  EvalConfig cfg;
+  cfg.window = 16;
+  cfg.max_positions = 32;
+  cfg.progress = false;
+  auto wl = make_model_window_logits(m, nullptr, q, v_format);
+  const EvalResult r = run_eval(*wl, {{"snippet", tokens}}, {Format::bf16, Format::int4}, cfg);
+  EXPECT_EQ(r.texts[0].formats[0].all.kl_mean, 0.0);  // bf16 is never quantised or split
+  return r.texts[0].formats[1].all.kl_mean;
+}
+}  // namespace
+
 // --quantize k / v: the format on one half of the cache, bf16 on the other. Each half alone changes the logits, the
 // two differ from each other and from both halves together, and bf16 stays the exact reference.
 TEST(EvalModel, QuantizeOnlyKOrOnlyV) {
@@ -422,22 +445,13 @@ TEST(EvalModel, QuantizeOnlyKOrOnlyV) {
     EXPECT_NE(std::string(e.what()).find("'kq'"), std::string::npos) << e.what();
   }
   const LlamaModel& m = *eval_model();
-  auto tokens = m.tokenizer().encode(
+  const auto tokens = snippet_tokens(m,
       "Debian is a free operating system for your computer. The packages are maintained by volunteers who care "
-      "about stability, and every release is tested for months before it is published for everyone to use.",
-      false, false);
-  ASSERT_GE(tokens.size(), 33u);
-  tokens.resize(33);
-  EvalConfig cfg;
-  cfg.window = 16;
-  cfg.max_positions = 32;
-  cfg.progress = false;
+      "about stability, and every release is tested for months before it is published for everyone to use.");
+  ASSERT_EQ(tokens.size(), 33u);
   double kl[3];
   for (QuantizedKinds q : {QuantizedKinds::kv, QuantizedKinds::k, QuantizedKinds::v}) {
-    auto wl = make_model_window_logits(m, nullptr, q);
-    const EvalResult r = run_eval(*wl, {{"snippet", tokens}}, {Format::bf16, Format::int4}, cfg);
-    EXPECT_EQ(r.texts[0].formats[0].all.kl_mean, 0.0);
-    kl[static_cast<int>(q)] = r.texts[0].formats[1].all.kl_mean;
+    kl[static_cast<int>(q)] = snippet_int4_kl(m, tokens, q);
     EXPECT_GT(kl[static_cast<int>(q)], 0.0) << quantized_kinds_name(q);
   }
   EXPECT_NE(kl[0], kl[1]);
@@ -450,22 +464,11 @@ TEST(EvalModel, QuantizeOnlyKOrOnlyV) {
 TEST(EvalModel, VFormatStoresValuesInAnotherFormat) {
   EVAL_NEED_MODEL();
   const LlamaModel& m = *eval_model();
-  auto tokens = m.tokenizer().encode(
+  const auto tokens = snippet_tokens(m,
       "The packages are maintained by volunteers who care about stability, and every release is tested for months "
-      "before it is published. Security updates reach the stable release through a separate archive.",
-      false, false);
-  ASSERT_GE(tokens.size(), 33u);
-  tokens.resize(33);
-  EvalConfig cfg;
-  cfg.window = 16;
-  cfg.max_positions = 32;
-  cfg.progress = false;
-  auto kl_of = [&](QuantizedKinds q, std::optional<Format> v) {
-    auto wl = make_model_window_logits(m, nullptr, q, v);
-    const EvalResult r = run_eval(*wl, {{"snippet", tokens}}, {Format::bf16, Format::int4}, cfg);
-    EXPECT_EQ(r.texts[0].formats[0].all.kl_mean, 0.0);  // bf16 is never split
-    return r.texts[0].formats[1].all.kl_mean;
-  };
+      "before it is published. Security updates reach the stable release through a separate archive.");
+  ASSERT_EQ(tokens.size(), 33u);
+  auto kl_of = [&](QuantizedKinds q, std::optional<Format> v) { return snippet_int4_kl(m, tokens, q, v); };
   const double plain = kl_of(QuantizedKinds::kv, std::nullopt);
   EXPECT_EQ(kl_of(QuantizedKinds::kv, Format::int4), plain);
   EXPECT_EQ(kl_of(QuantizedKinds::kv, Format::bf16), kl_of(QuantizedKinds::k, std::nullopt));
