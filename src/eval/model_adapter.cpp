@@ -12,26 +12,13 @@
 namespace kvpack {
 namespace {
 
-// A format on one of K / V only, bf16 on the other (QuantizedKinds::k / ::v).
-class OneKindCodec final : public KvCodec {
- public:
-  OneKindCodec(std::unique_ptr<KvCodec> fmt, KvKind kind) : fmt_(std::move(fmt)), bf16_(make_bf16_codec()), kind_(kind) {}
-  std::string name() const override { return fmt_->name() + (kind_ == KvKind::K ? " (K only)" : " (V only)"); }
-  void store(int layer, KvKind kind, int n_tokens, const int* positions, int n_kv_heads, int head_dim,
-             float* x) const override {
-    (kind == kind_ ? fmt_ : bf16_)->store(layer, kind, n_tokens, positions, n_kv_heads, head_dim, x);
-  }
-
- private:
-  std::unique_ptr<KvCodec> fmt_, bf16_;
-  KvKind kind_;
-};
-
-// K in one codec, V in another (--v-format).
+// K through one codec, V through another: a format on one half with bf16 on the other (QuantizedKinds::k / ::v), or
+// a row's format on K with another on V (--v-format).
 class SplitCodec final : public KvCodec {
  public:
-  SplitCodec(std::unique_ptr<KvCodec> k, std::unique_ptr<KvCodec> v) : k_(std::move(k)), v_(std::move(v)) {}
-  std::string name() const override { return k_->name() + " K + " + v_->name() + " V"; }
+  SplitCodec(std::unique_ptr<KvCodec> k, std::unique_ptr<KvCodec> v, std::string name)
+      : k_(std::move(k)), v_(std::move(v)), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
   void store(int layer, KvKind kind, int n_tokens, const int* positions, int n_kv_heads, int head_dim,
              float* x) const override {
     (kind == KvKind::K ? k_ : v_)->store(layer, kind, n_tokens, positions, n_kv_heads, head_dim, x);
@@ -39,6 +26,7 @@ class SplitCodec final : public KvCodec {
 
  private:
   std::unique_ptr<KvCodec> k_, v_;
+  std::string name_;
 };
 
 // One codec per format, made on first use (make_codec checks the calibration against the model and names what is
@@ -51,10 +39,18 @@ class CodecCache {
     auto it = codecs_.find(f);
     if (it == codecs_.end()) {
       auto c = make_codec(f, model_.config(), calib_);
-      if (v_format_ && f != Format::bf16)
-        c = std::make_unique<SplitCodec>(std::move(c), make_codec(*v_format_, model_.config(), calib_));
-      if (kinds_ != QuantizedKinds::kv && f != Format::bf16)
-        c = std::make_unique<OneKindCodec>(std::move(c), kinds_ == QuantizedKinds::k ? KvKind::K : KvKind::V);
+      if (v_format_ && f != Format::bf16) {
+        auto v = make_codec(*v_format_, model_.config(), calib_);
+        const std::string name = c->name() + " K + " + v->name() + " V";
+        c = std::make_unique<SplitCodec>(std::move(c), std::move(v), name);
+      }
+      if (kinds_ != QuantizedKinds::kv && f != Format::bf16) {
+        const std::string name = c->name() + (kinds_ == QuantizedKinds::k ? " (K only)" : " (V only)");
+        if (kinds_ == QuantizedKinds::k)
+          c = std::make_unique<SplitCodec>(std::move(c), make_bf16_codec(), name);
+        else
+          c = std::make_unique<SplitCodec>(make_bf16_codec(), std::move(c), name);
+      }
       it = codecs_.emplace(f, std::move(c)).first;
     }
     return it->second.get();
