@@ -227,7 +227,7 @@ DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_co
 DecodeBench::~DecodeBench() = default;
 
 DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table,
-                                      int iters, bool fallback) {
+                                      int iters, bool fallback, bool eager) {
   Impl& m = *impl_;
   const DecodeShape& s = m.shape;
   KVPACK_CHECK(batch <= m.max_batch && context <= m.max_context, "bench: batch {} x context {} exceeds the pool",
@@ -271,24 +271,50 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   a.status = status;
   a.params = m.params;
   if (m.sink_rows) a.sinks = SinkView{m.k_sinks, m.v_sinks, m.sink_rows, m.max_batch};
+  cudaStream_t cs = nullptr;
+  KVPACK_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   auto launch = [&](int r) {
     a.table = view_of(BlockTable{tables_d + size_t(r) * needed, lens_d, static_cast<int>(ppseq), batch});
-    run_decode(plan, a);
+    run_decode(plan, a, cs);
   };
   for (int r = 0; r < rot; ++r) launch(r);  // warm-up (module load, smem attribute)
-  KVPACK_CUDA_CHECK(cudaDeviceSynchronize());
+  KVPACK_CUDA_CHECK(cudaStreamSynchronize(cs));
+  // One graph of the rotation's launches, replayed per sample; eager launches if capture or instantiation fails.
+  cudaGraphExec_t exec = nullptr;
+  if (!eager) {
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+      for (int r = 0; r < rot; ++r) launch(r);
+      if (cudaStreamEndCapture(cs, &graph) == cudaSuccess && graph) {
+        if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) exec = nullptr;
+        cudaGraphDestroy(graph);
+      }
+    }
+    cudaGetLastError();  // a failed capture leaves an error behind; the eager path below is then the timing
+    if (exec) {
+      KVPACK_CUDA_CHECK(cudaGraphLaunch(exec, cs));  // warm-up replay (graph upload)
+      KVPACK_CUDA_CHECK(cudaStreamSynchronize(cs));
+    }
+  }
   Events ev;
   std::vector<double> us;
   for (int it = 0; it < iters; ++it) {
-    cudaEventRecord(ev.a);
-    for (int r = 0; r < rot; ++r) launch(r);
-    cudaEventRecord(ev.b);
+    cudaEventRecord(ev.a, cs);
+    if (exec) {
+      KVPACK_CUDA_CHECK(cudaGraphLaunch(exec, cs));
+    } else {
+      for (int r = 0; r < rot; ++r) launch(r);
+    }
+    cudaEventRecord(ev.b, cs);
     KVPACK_CUDA_CHECK(cudaEventSynchronize(ev.b));
     float ms = 0;
     cudaEventElapsedTime(&ms, ev.a, ev.b);
     us.push_back(ms * 1e3 / rot);
   }
   KVPACK_CUDA_CHECK(cudaGetLastError());
+  const bool graphed = exec != nullptr;
+  if (exec) cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(cs);
   int32_t st = 0;
   KVPACK_CUDA_CHECK(cudaMemcpy(&st, status, 4, cudaMemcpyDeviceToHost));
   KVPACK_CHECK(st == 0, "bench: decode kernel reported status {}", st);
@@ -307,6 +333,7 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   t.stages = plan.stages;
   t.rotations = rot;
   t.plan_source = plan.source;
+  t.timing = graphed ? "graph" : "eager";
   cudaFree(tables_d);
   cudaFree(lens_d);
   cudaFree(q);

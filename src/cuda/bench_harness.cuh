@@ -27,6 +27,7 @@ struct DecodeTiming {
   int num_splits = 0, stages = 0;
   int rotations = 0;         // distinct caches rotated over so L2 cannot serve them
   std::string plan_source;
+  std::string timing;        // "graph": replays of a CUDA graph of the rotation's launches; "eager": stream launches
 };
 
 struct WriteTiming {
@@ -44,9 +45,11 @@ class DecodeBench {
   DecodeBench(const DecodeBench&) = delete;
   DecodeBench& operator=(const DecodeBench&) = delete;
   // splits/stages = 0: plan_decode() (the table when given and matching, else the built-in one, else the fallback),
-  // or plan_decode_fallback() when `fallback`.
+  // or plan_decode_fallback() when `fallback`. Timed as CUDA-graph replays of the rotation's launches (as a server
+  // replays its decode step, and as bench/flashinfer/fi_bench.py times FlashInfer), or as eager launches when `eager`
+  // or when the capture fails (DecodeTiming::timing says which).
   DecodeTiming time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table, int iters,
-                           bool fallback = false);
+                           bool fallback = false, bool eager = false);
   WriteTiming time_write(int num_tokens, int iters);
   double fill_ms() const { return fill_ms_; }
 

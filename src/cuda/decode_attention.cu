@@ -31,9 +31,10 @@ namespace {
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 // The workspace, one layout for its size and its pointers: chunk partials (acc, then (m, l)), the per-(sequence,
-// kv head) arrival counters, then the per-fold-group counters.
+// kv head) arrival counters, the per-fold-group counters, then the lean q kernels' prepared queries (fragments, head
+// constants: 8 padded heads per (sequence, kv head)).
 struct WorkspaceLayout {
-  size_t ml_off, sem_off, fold_sem_off, bytes;
+  size_t ml_off, sem_off, fold_sem_off, qh_off, qc_off, bytes;
   int max_groups;
 };
 WorkspaceLayout workspace_layout(const DecodeShape& s, int batch, int max_chunks) {
@@ -44,7 +45,9 @@ WorkspaceLayout workspace_layout(const DecodeShape& s, int batch, int max_chunks
   w.ml_off = align256(n * s.head_dim * sizeof(float));
   w.sem_off = w.ml_off + align256(n * sizeof(float2));
   w.fold_sem_off = w.sem_off + align256(size_t(batch) * s.num_kv_heads * sizeof(int));
-  w.bytes = w.fold_sem_off + align256(size_t(batch) * s.num_kv_heads * w.max_groups * sizeof(int));
+  w.qh_off = w.fold_sem_off + align256(size_t(batch) * s.num_kv_heads * w.max_groups * sizeof(int));
+  w.qc_off = w.qh_off + align256(size_t(batch) * s.num_kv_heads * 8 * s.head_dim * sizeof(uint16_t));
+  w.bytes = w.qc_off + align256(size_t(batch) * s.num_kv_heads * 8 * 4 * sizeof(float));
   return w;
 }
 }  // namespace
@@ -100,6 +103,8 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   kp.sem = reinterpret_cast<int*>(ws + wl.sem_off);
   kp.fold_sem = reinterpret_cast<int*>(ws + wl.fold_sem_off);
   kp.max_groups = wl.max_groups;
+  kp.ws_qh = reinterpret_cast<uint32_t*>(ws + wl.qh_off);
+  kp.ws_qc = reinterpret_cast<float4*>(ws + wl.qc_off);
 
   kp.sink_tokens = format_info(s.format).sink_tokens;
   kp.sink_rows = kp.sink_tokens > 0 ? a.sinks.rows : nullptr;

@@ -36,8 +36,7 @@ constexpr int kLeanStepTok = 32; // tokens per step: two 16-token units
 // Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more, so a warp's
 // ring also holds its two leaves at its smaller steps), its 16-byte copies per lane and step (fp8: 2 tokens x 32
 // channels or 16 channels x 4 tokens = 64 bytes per unit, K and V; q4 / q3: the step's 4 units of 2 QB D bytes), and
-// the q formats' extra shared memory (the 256 scales tau(e) and 8 heads' x 3 query constants; the query preparation
-// itself borrows the rings before the first copy).
+// the q formats' extra shared memory (the 256 scales tau(e); the query is prepared by lean_q_prep_kernel).
 template <int D, int QB>
 struct LeanGeo {
   static constexpr bool kQ = QB != 0;
@@ -47,10 +46,9 @@ struct LeanGeo {
   static constexpr int kStageBytes = kPieces * 32 * 16;        // per warp
   static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
   static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
-  static constexpr size_t kSmem = kRingBytes + (kQ ? (256 + 8 * 4) * sizeof(float) : 0);
+  static constexpr size_t kSmem = kRingBytes + (kQ ? 256 * sizeof(float) : 0);
   static_assert(kPieces * 32 * 16 == 4 * kUnitBytes, "a step is whole 16-byte copies of every lane");
   static_assert(size_t(2) * kLeafVals * 32 * 4 <= size_t(kStages) * kStageBytes, "leaves fit a warp's ring");
-  static_assert(!kQ || kRingBytes >= (2 * 8 * D) * sizeof(float) + 8 * D * 2, "query preparation fits the rings");
 };
 
 __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
@@ -155,6 +153,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   const int H = p.num_kv_heads;
   // Grid (ceil(H * splits / kLeanWarps), batch): it depends on the plan only, never on the lengths.
   const bool leaf_mode = splits == 0;
+#if __CUDA_ARCH__ >= 900
+  // The merge kernel (launched with PDL) may be scheduled once every CTA of this grid has started; it waits for this
+  // grid's completion (griddepcontrol.wait) before reading a partial.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const int b = blockIdx.y, local = blockIdx.x * kLeanWarps + warp;
   if (!kLaneQ && !leaf_mode && local >= H * splits) return;  // q4 / q3: the grid has no spare warps (splits % 4 == 0)
   const int h = leaf_mode ? static_cast<int>(blockIdx.x % H) : local / splits;
@@ -210,106 +213,13 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
   // This lane's score columns are heads 2q and 2q + 1: their unscale factors live in lanes g = 2q, 2q + 1.
   qe0 = __shfl_sync(0xffffffffu, qe_lane, (2 * q) * 4), qe1 = __shfl_sync(0xffffffffu, qe_lane, (2 * q + 1) * 4);
   } else {
-    // ---- q4 / q3: the CTA prepares its kv head's query once (all 4 warps, the rings still unused) ----
-    const int tid = threadIdx.x;
-    float* q_s = reinterpret_cast<float*>(smem);  // [8][D] q * qk_scale_log2 (heads >= group: 0)
-    float* t_s = q_s + 8 * D;                      // [8][D] q'_c 2^(24 - pos'_c)
-    __half* hq_s = reinterpret_cast<__half*>(t_s + 8 * D);  // [8][D] the f16 fragments' values
+    // ---- q4 / q3: the query was prepared once per (sequence, kv head) by lean_q_prep_kernel (workspace); here
+    // only the scale table (compute) before the first copies, the fragments after them (PDL: the prep kernel may
+    // still run until griddepcontrol.wait) ----
     float* tau_w = reinterpret_cast<float*>(smem + Geo::kRingBytes);
-    float* hc_s = tau_w + 256;  // [8][4]: 2^-E, q'.o, q.mu
-    for (int i = tid; i < 256; i += kLeanWarps * 32) tau_w[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
-    // Per K group: the power of two 24 - pos' of its codes as read, and its zero point o = (2^w - 1) / 2 (compile-time
-    // constants, staged so the column loops below index them at run time without a local copy of the pattern).
-    __shared__ int kexp_s[D / 8];
-    __shared__ float koff_s[D / 8];
-    if (tid == 0) {
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        kexp_s[i] = 24 - LK::group(i).pos + (LK::shifted(i) ? 6 : 0);
-        koff_s[i] = 0.5f * static_cast<float>((1 << LK::bits(i)) - 1);
-      }
-    }
-    for (int i = tid; i < 8 * D; i += kLeanWarps * 32) {
-      const int hg = i / D, r = i % D;
-      q_s[i] = hg < p.group ? bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + h * p.group + hg) * D + r]) * p.qk_scale_log2
-                            : 0.f;
-    }
+    for (int i = threadIdx.x; i < 256; i += kLeanWarps * 32) tau_w[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
     __syncthreads();
-    const block::QParams kq = p.fp.qk.head(h, D);
-    // The prologue is latency-bound (every CTA runs it; at batch 1 it was most of a decode): G's column loads are
-    // issued 16 at a time (in order over r: the sums are unchanged), and q . mu is one warp-wide sum per head.
-    constexpr int kBatch = 16;
-    for (int c = tid; c < D; c += kLeanWarps * 32) {
-      float a[8];
-#pragma unroll
-      for (int hg = 0; hg < 8; ++hg) a[hg] = 0.f;
-#pragma unroll 1
-      for (int r0 = 0; r0 < D; r0 += kBatch) {
-        float gv[kBatch];
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) gv[j] = __ldg(kq.inv + (r0 + j) * D + c);
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j)
-#pragma unroll
-          for (int hg = 0; hg < 8; ++hg) a[hg] = fmaf(gv[j], q_s[hg * D + r0 + j], a[hg]);
-      }
-      const float up = ldexpf(__ldg(kq.step + c), kexp_s[c / 8]);
-#pragma unroll
-      for (int hg = 0; hg < 8; ++hg) t_s[hg * D + c] = a[hg] * up;
-    }
-    static_assert(kLeanWarps == 4, "q . mu: two heads per warp");
-    {  // q . mu of heads 2 warp, 2 warp + 1: lane sums over r = lane + 32 k in order of k, then a fixed xor tree
-      float mu[D / 32];
-#pragma unroll
-      for (int k = 0; k < D / 32; ++k) mu[k] = __ldg(kq.mean + lane + 32 * k);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int hg = 2 * warp + hh;
-        float a = 0.f;
-#pragma unroll
-        for (int k = 0; k < D / 32; ++k) a = fmaf(q_s[hg * D + lane + 32 * k], mu[k], a);
-#pragma unroll
-        for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
-        if (lane == 0) hc_s[hg * 4 + 2] = a;
-      }
-    }
-    __syncthreads();
-    for (int hg = warp; hg < 8; hg += kLeanWarps) {
-      // 2^E puts the head's largest |value| in [2^13, 2^14); q'.o from the rounded f16 values (what the mma uses),
-      // per lane over its channels in order, then a fixed shuffle tree.
-      float mx = 0.f;
-      for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(t_s[hg * D + c]));
-#pragma unroll
-      for (int x = 16; x >= 1; x /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
-      const int E = f16_range_exponent(mx);
-      float qo = 0.f;
-      for (int c = lane; c < D; c += 32) {
-        const __half hv = __float2half_rn(ldexpf(t_s[hg * D + c], E));
-        hq_s[hg * D + c] = hv;
-        qo = fmaf(__half2float(hv) * ldexpf(1.f, -kexp_s[c / 8] - E), koff_s[c / 8], qo);
-      }
-#pragma unroll
-      for (int x = 16; x >= 1; x /= 2) qo += __shfl_xor_sync(0xffffffffu, qo, x);
-      if (lane == 0) {
-        hc_s[hg * 4 + 0] = ldexpf(1.f, -E);
-        hc_s[hg * 4 + 1] = qo;
-      }
-    }
-    __syncthreads();
-    // Lane (g, q): head g's fragments; k-block kb = groups 2 kb (b0) and 2 kb + 1 (b1), members 2q, 2q + 1.
-    auto h2 = [&](int hg, int c) {
-      const __half2 v = __halves2half2(hq_s[hg * D + c], hq_s[hg * D + c + 1]);
-      return *reinterpret_cast<const uint32_t*>(&v);
-    };
-#pragma unroll
-    for (int kb = 0; kb < kKB; ++kb) {
-      qb[kb][0] = h2(g, 8 * (2 * kb) + 2 * q);
-      qb[kb][1] = h2(g, 8 * (2 * kb + 1) + 2 * q);
-    }
-    un0 = hc_s[(2 * q) * 4 + 0], qo0 = hc_s[(2 * q) * 4 + 1], cz0 = hc_s[(2 * q) * 4 + 2];
-    un1 = hc_s[(2 * q + 1) * 4 + 0], qo1 = hc_s[(2 * q + 1) * 4 + 1], cz1 = hc_s[(2 * q + 1) * 4 + 2];
-    __syncthreads();  // the rings are the copies' from here on
-    if (split >= n_chunks) return;  // after every barrier of the CTA
+    if (split >= n_chunks) return;  // after every barrier of the CTA but leaf mode's (whose CTAs return whole)
     int64_t sink_row;
     bool bad_sink;  // reported by the merge
     n_sink = sink_count(p, b, len, sink_row, bad_sink);
@@ -532,6 +442,23 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
 
 #pragma unroll
   for (int i = 0; i < kLeanStages - 1; ++i) issue(i);
+  if constexpr (kLaneQ) {
+    // The prepared query (lean_q_prep_kernel's fragment order: lane (g, q)'s 2 kKB words contiguous, then the 8
+    // heads' (2^-E, q'.o, q.mu)); with PDL this is the first read that depends on the prep kernel.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+    const int64_t bh = int64_t{b} * H + h;
+    const uint4* qw = reinterpret_cast<const uint4*>(p.ws_qh + (bh * 32 + lane) * (2 * kKB));
+#pragma unroll
+    for (int k = 0; k < kKB / 2; ++k) {
+      const uint4 w = __ldcg(qw + k);
+      qb[2 * k][0] = w.x, qb[2 * k][1] = w.y, qb[2 * k + 1][0] = w.z, qb[2 * k + 1][1] = w.w;
+    }
+    const float4 c0 = __ldcg(p.ws_qc + bh * 8 + 2 * q), c1 = __ldcg(p.ws_qc + bh * 8 + 2 * q + 1);
+    un0 = c0.x, qo0 = c0.y, cz0 = c0.z;
+    un1 = c1.x, qo1 = c1.y, cz1 = c1.z;
+  }
   reset_leaf();
   reset_chunk();
   for (int i = 0;; ++i) {
@@ -751,19 +678,131 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKerne
 #endif
 }
 
-// One CTA (one thread per channel) per (sequence, kv head, query head of the group): fold the chunk partials with the fixed two-level tree (chunks
-// 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one group), then the output.
+// q4 / q3: the query preparation, once per (sequence, kv head) (grid (H, batch), kLeanWarps x 32 threads), into the
+// workspace for every lean CTA of that pair: q' = s * (G^T q) (x qk_scale log2 e) as f16 fragments with a power of
+// two 2^E per head and each K group's 2^(24 - pos') folded in, and per head (2^-E, q'.o, q.mu). It was the lean
+// kernel's prologue (v36), run by every CTA: ~10 dependent L2 round trips and D x D x 4 bytes of L2 reads per CTA,
+// as many bytes as the cache itself at batch 1 (bench/NOTES.md v40). Same arithmetic, same order: same bits.
+// Output order: ws_qh[(b H + h) 32 + lane][2 kKB] = lane (g, q)'s fragments qb[kb][0..1] (head g, channels
+// 8 (2 kb) + 2q, + 1 and 8 (2 kb + 1) + 2q, + 1), so the lean kernel reads its lane's words as kKB / 2 uint4.
+template <int D, int QB>
+__global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const DecodeKernelParams p) {
+  using LK = block::QLanes<QB, D, false>;
+  constexpr int kKB = D / 16, kThreads = kLeanWarps * 32;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The lean kernel (launched with PDL) may start its copies now; it waits for this grid before reading its output.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  __shared__ float q_s[8 * D];   // q * qk_scale_log2 (heads >= group: 0)
+  __shared__ float t_s[8 * D];   // q'_c 2^(24 - pos'_c)
+  __shared__ __half hq_s[8 * D];  // the f16 fragments' values
+  __shared__ int kexp_s[D / 8];   // per K group: the power of two 24 - pos' of its codes as read
+  __shared__ float koff_s[D / 8];  // and its zero point o = (2^w - 1) / 2
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      kexp_s[i] = 24 - LK::group(i).pos + (LK::shifted(i) ? 6 : 0);
+      koff_s[i] = 0.5f * static_cast<float>((1 << LK::bits(i)) - 1);
+    }
+  }
+  for (int i = tid; i < 8 * D; i += kThreads) {
+    const int hg = i / D, r = i % D;
+    q_s[i] = hg < p.group ? bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + h * p.group + hg) * D + r]) * p.qk_scale_log2
+                          : 0.f;
+  }
+  __syncthreads();
+  const block::QParams kq = p.fp.qk.head(h, D);
+  const int64_t bh = int64_t{b} * p.num_kv_heads + h;
+  float4* hc = p.ws_qc + bh * 8;
+  // G's column loads 32 at a time (in order over r: the sums are those of v36's 16 at a time).
+  constexpr int kBatch = 32;
+  for (int c = tid; c < D; c += kThreads) {
+    float a[8];
+#pragma unroll
+    for (int hg = 0; hg < 8; ++hg) a[hg] = 0.f;
+#pragma unroll 1
+    for (int r0 = 0; r0 < D; r0 += kBatch) {
+      float gv[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) gv[j] = __ldg(kq.inv + (r0 + j) * D + c);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+        for (int hg = 0; hg < 8; ++hg) a[hg] = fmaf(gv[j], q_s[hg * D + r0 + j], a[hg]);
+    }
+    const float up = ldexpf(__ldg(kq.step + c), kexp_s[c / 8]);
+#pragma unroll
+    for (int hg = 0; hg < 8; ++hg) t_s[hg * D + c] = a[hg] * up;
+  }
+  static_assert(kLeanWarps == 4, "q . mu: two heads per warp");
+  float cz[2];
+  {  // q . mu of heads 2 warp, 2 warp + 1: lane sums over r = lane + 32 k in order of k, then a fixed xor tree
+    float mu[D / 32];
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) mu[k] = __ldg(kq.mean + lane + 32 * k);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int hg = 2 * warp + hh;
+      float a = 0.f;
+#pragma unroll
+      for (int k = 0; k < D / 32; ++k) a = fmaf(q_s[hg * D + lane + 32 * k], mu[k], a);
+#pragma unroll
+      for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
+      cz[hh] = a;
+    }
+  }
+  __syncthreads();
+  // Warp w: heads 2w, 2w + 1 (kLeanWarps == 4). 2^E puts the head's largest |value| in [2^13, 2^14); q'.o from the
+  // rounded f16 values (what the mma uses), per lane over its channels in order, then a fixed shuffle tree.
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int hg = 2 * warp + hh;
+    float mx = 0.f;
+    for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(t_s[hg * D + c]));
+#pragma unroll
+    for (int x = 16; x >= 1; x /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+    const int E = f16_range_exponent(mx);
+    float qo = 0.f;
+    for (int c = lane; c < D; c += 32) {
+      const __half hv = __float2half_rn(ldexpf(t_s[hg * D + c], E));
+      hq_s[hg * D + c] = hv;
+      qo = fmaf(__half2float(hv) * ldexpf(1.f, -kexp_s[c / 8] - E), koff_s[c / 8], qo);
+    }
+#pragma unroll
+    for (int x = 16; x >= 1; x /= 2) qo += __shfl_xor_sync(0xffffffffu, qo, x);
+    if (lane == 0) __stcg(hc + hg, make_float4(ldexpf(1.f, -E), qo, cz[hh], 0.f));
+  }
+  __syncthreads();
+  for (int i = tid; i < 32 * 2 * kKB; i += kThreads) {
+    const int ln = i / (2 * kKB), kb = (i % (2 * kKB)) / 2, j = i % 2, c = 8 * (2 * kb + j) + 2 * (ln % 4);
+    const __half2 v = __halves2half2(hq_s[(ln / 4) * D + c], hq_s[(ln / 4) * D + c + 1]);
+    __stcg(p.ws_qh + bh * 32 * 2 * kKB + i, *reinterpret_cast<const uint32_t*>(&v));
+  }
+}
+
+// One CTA per (sequence, kv head, query head of the group), kMergeSlices x D threads: fold the chunk partials with the
+// fixed two-level tree (chunks 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one
+// group), then the output. Slice s (threads s D .. s D + D - 1, one per channel) folds groups s, s + kMergeSlices, ...
+// (their L2 loads in flight together), and slice 0 folds the slices' group results in group order: the tree and the
+// bits of one slice folding every group, a quarter of its dependent L2 rounds (v37: 16 groups at 128k).
 //
 // q4 / q3: the folded sum is sum_t p_t tau_t (k_t - o) per channel (the kernel's chunk ends convert it), so the output
 // is (mu L + G (s * O)) / L with the sink tokens (exact bf16) folded in by log-sum-exp, as the regular kernel's
 // epilogue does; fixed orders throughout.
+constexpr int kMergeSlices = 4;
 template <int D, int QB>
-__global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams p) {
+__global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const DecodeKernelParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched with PDL: the lean grid's partials first
+#endif
   const int b = blockIdx.y, h = blockIdx.x, H = p.num_kv_heads;
+  const int slice = threadIdx.x / D, r = threadIdx.x % D;
   int64_t row;
   bool over;
   const int64_t len = seq_len_of(p, b, row, over);
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
+  const int n_groups = (n_chunks + kFoldChunks - 1) / kFoldChunks;
   const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
   const float os = p.fp.v_scale ? p.fp.v_scale[h] : 1.f;
   auto merge = [](float& m, float& l, float& o, float mj, float lj, float oj) {
@@ -774,95 +813,110 @@ __global__ void __launch_bounds__(D) lean_merge_kernel(const DecodeKernelParams 
     o = o * sa + oj * sc;
     m = mn;
   };
-  {
-    const int hg = blockIdx.z, i = hg * D + threadIdx.x;
-    float M = -INFINITY, L = 0.f, O = 0.f;
-    for (int g0 = 0; g0 < n_chunks; g0 += kFoldChunks) {
-      const int cnt = min(kFoldChunks, n_chunks - g0);
-      float m = -INFINITY, l = 0.f, o = 0.f;
+  const int hg = blockIdx.z, i = hg * D + r;
+  __shared__ float fo_s[kMergeSlices][D];
+  __shared__ float2 fml_s[kMergeSlices];
+  float M = -INFINITY, L = 0.f, O = 0.f;  // slice 0's
+  for (int g0 = 0; g0 < n_groups; g0 += kMergeSlices) {
+    const int grp = g0 + slice;
+    float m = -INFINITY, l = 0.f, o = 0.f;
+    if (grp < n_groups) {
+      const int c0 = grp * kFoldChunks, cnt = min(kFoldChunks, n_chunks - c0);
       float2 ml[kFoldChunks];
       float a[kFoldChunks];
 #pragma unroll
       for (int j = 0; j < kFoldChunks; ++j) {
-        const int64_t slot = base + g0 + j;
+        const int64_t slot = base + c0 + j;
         ml[j] = j < cnt ? __ldcg(p.ws_ml + slot * p.group + hg) : make_float2(-INFINITY, 0.f);
         a[j] = j < cnt ? __ldcg(p.ws_acc + slot * p.group * D + i) : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < kFoldChunks; ++j)
         if (j < cnt) merge(m, l, o, ml[j].x, ml[j].y, a[j]);
-      if (n_chunks <= kFoldChunks) {
-        M = m, L = l, O = o;
-      } else {
-        merge(M, L, O, m, l, o);
+    }
+    if (slice > 0) {
+      fo_s[slice][r] = o;
+      if (r == 0) fml_s[slice] = make_float2(m, l);
+    }
+    __syncthreads();
+    if (slice == 0) {
+      for (int s2 = 0; s2 < kMergeSlices && g0 + s2 < n_groups; ++s2) {
+        const float ms = s2 ? fml_s[s2].x : m, ls = s2 ? fml_s[s2].y : l, ob = s2 ? fo_s[s2][r] : o;
+        if (n_chunks <= kFoldChunks) {
+          M = ms, L = ls, O = ob;
+        } else {
+          merge(M, L, O, ms, ls, ob);
+        }
       }
     }
-    const int qh = h * p.group + hg;
-    if constexpr (QB == 0) {
-      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + i % D] = f32_to_bf16(n_chunks > 0 ? O / L * os : 0.f);
-      if (p.lse && i % D == 0)
-        p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (M + log2f(L)) * 0.69314718055994530942f : -INFINITY;
-    } else {
-      __shared__ float o_s[D], q_s[D], g_s[D], ssc_s[kSinkTokens];
-      const int r = threadIdx.x;
-      const block::QParams vq = p.fp.qv.head(h, D);
+    __syncthreads();
+  }
+  const int qh = h * p.group + hg;
+  if constexpr (QB == 0) {
+    if (slice != 0) return;
+    p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? O / L * os : 0.f);
+    if (p.lse && r == 0)
+      p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (M + log2f(L)) * 0.69314718055994530942f : -INFINITY;
+  } else {
+    __shared__ float o_s[D], q_s[D], g_s[D], ssc_s[kSinkTokens];
+    const block::QParams vq = p.fp.qv.head(h, D);
+    int64_t sink_row;
+    bool bad_sink;
+    const int n_sink = sink_count(p, b, len, sink_row, bad_sink);
+    if (bad_sink && h == 0 && hg == 0 && threadIdx.x == 0 && p.status) atomicOr(p.status, 4);
+    const int64_t sink_base = sink_row * p.sink_tokens;
+    if (slice == 0) {
       o_s[r] = O * __ldg(vq.step + r);
       q_s[r] = bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + qh) * D + r]) * p.qk_scale_log2;
-      int64_t sink_row;
-      bool bad_sink;
-      const int n_sink = sink_count(p, b, len, sink_row, bad_sink);
-      if (bad_sink && h == 0 && hg == 0 && r == 0 && p.status) atomicOr(p.status, 4);
-      const int64_t sink_base = sink_row * p.sink_tokens;
-      __syncthreads();
-      if (r < kSinkTokens) {  // sink scores, in order over d
-        float a = -INFINITY;
-        if (r < n_sink) {
-          const uint16_t* ks = p.k_sinks + ((sink_base + r) * H + h) * D;
-          a = 0.f;
-          for (int d = 0; d < D; ++d) a = fmaf(q_s[d], bf16_to_f32(ks[d]), a);
-        }
-        ssc_s[r] = a;
-      }
-      __syncthreads();
-      // Row r of G: mu_r L + sum_c G[r][c] o_s[c]. Warp w takes rows w, w + D/32, ... (32 rows): its lanes read a
-      // row coalesced (c = lane + 32 k), sum over k in order, then a fixed xor tree; 8 rows' loads in flight at once.
-      // (One thread per row reading its row alone was a latency chain of D / 8 uncoalesced rounds.)
-      {
-        const int w = r / 32, ln = r % 32;
-#pragma unroll 1
-        for (int r0 = 0; r0 < 32; r0 += 8) {
-          float gv[8][D / 32];
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int k = 0; k < D / 32; ++k) gv[i][k] = __ldg(vq.inv + ((r0 + i) * (D / 32) + w) * D + ln + 32 * k);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            float a = 0.f;
-#pragma unroll
-            for (int k = 0; k < D / 32; ++k) a = fmaf(gv[i][k], o_s[ln + 32 * k], a);
-#pragma unroll
-            for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
-            if (ln == 0) g_s[(r0 + i) * (D / 32) + w] = a;
-          }
-        }
-      }
-      __syncthreads();
-      float u = fmaf(__ldg(vq.mean + r), L, g_s[r]);
-      float mt = M;
-      for (int j = 0; j < n_sink; ++j) mt = fmaxf(mt, ssc_s[j]);
-      const float mr = mt == -INFINITY ? 0.f : mt;
-      const float f = exp2f(M - mr);
-      float lt = L * f, ut = u * f;
-      for (int j = 0; j < n_sink; ++j) {
-        const float e = exp2f(ssc_s[j] - mr);
-        lt += e;
-        ut = fmaf(e, bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + r]), ut);
-      }
-      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? ut / lt : 0.f);
-      if (p.lse && r == 0)
-        p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (mt + log2f(lt)) * 0.69314718055994530942f : -INFINITY;
     }
+    __syncthreads();
+    if (slice == 0 && r < kSinkTokens) {  // sink scores, in order over d
+      float a = -INFINITY;
+      if (r < n_sink) {
+        const uint16_t* ks = p.k_sinks + ((sink_base + r) * H + h) * D;
+        a = 0.f;
+        for (int d = 0; d < D; ++d) a = fmaf(q_s[d], bf16_to_f32(ks[d]), a);
+      }
+      ssc_s[r] = a;
+    }
+    // Row rr of G: mu_rr L + sum_c G[rr][c] o_s[c]. The CTA's kMergeSlices x D / 32 warps take D / (those) rows each
+    // (one set of loads in flight per warp); a warp's lanes read a row coalesced (c = lane + 32 k), sum over k in
+    // order, then a fixed xor tree (which warp computes a row does not change its bits).
+    {
+      constexpr int kW = kMergeSlices * D / 32, kRows = D / kW;
+      static_assert(kRows >= 1 && kRows * kW == D, "rows per warp");
+      const int w = threadIdx.x / 32, ln = threadIdx.x % 32;
+      float gv[kRows][D / 32];
+#pragma unroll
+      for (int j = 0; j < kRows; ++j)
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) gv[j][k] = __ldg(vq.inv + (j * kW + w) * D + ln + 32 * k);
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        float a = 0.f;
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) a = fmaf(gv[j][k], o_s[ln + 32 * k], a);
+#pragma unroll
+        for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
+        if (ln == 0) g_s[j * kW + w] = a;
+      }
+    }
+    __syncthreads();
+    if (slice != 0) return;
+    float u = fmaf(__ldg(vq.mean + r), L, g_s[r]);
+    float mt = M;
+    for (int j = 0; j < n_sink; ++j) mt = fmaxf(mt, ssc_s[j]);
+    const float mr = mt == -INFINITY ? 0.f : mt;
+    const float f = exp2f(M - mr);
+    float lt = L * f, ut = u * f;
+    for (int j = 0; j < n_sink; ++j) {
+      const float e = exp2f(ssc_s[j] - mr);
+      lt += e;
+      ut = fmaf(e, bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + r]), ut);
+    }
+    p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? ut / lt : 0.f);
+    if (p.lse && r == 0)
+      p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (mt + log2f(lt)) * 0.69314718055994530942f : -INFINITY;
   }
 }
 
@@ -881,6 +935,32 @@ inline int lean_splits(const DecodeKernelParams& kp) {
 inline bool lean_fp8_applies(int head_dim) {
   const char* on = std::getenv("KVPACK_LEAN_FP8");
   return head_dim == 128 && device_cc_major() >= 9 && on && std::atoi(on) != 0;
+}
+
+// Programmatic dependent launch (sm_90+): the lean kernel starts its copies while the query preparation runs, and the
+// merge kernel's launch overlaps the lean kernel's tail; both wait (griddepcontrol.wait) before reading what the
+// previous kernel wrote. KVPACK_PDL=0 turns it off (measurement).
+inline bool lean_pdl_applies() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVPACK_PDL");
+    return !(e && std::atoi(e) == 0);
+  }();
+  return on && device_cc_major() >= 9;
+}
+template <class... KArgs, class... Args>
+inline void lean_launch(void (*kernel)(KArgs...), dim3 grid, unsigned threads, size_t smem, cudaStream_t stream,
+                        bool pdl, const Args&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  KVPACK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
 // q4 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.
@@ -909,7 +989,10 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   lean_prepare<D, QB>();
   // Leaf mode when one warp per chunk would give fewer than two waves of 8 warps per SM (the choice depends on the
   // plan only and both modes give the same bits).
-  const bool leaf = int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
+  // KVPACK_LEAN_LEAF=0 / 1 forces warp / leaf mode (measurement; same bits).
+  static const int leaf_env = std::getenv("KVPACK_LEAN_LEAF") ? std::atoi(std::getenv("KVPACK_LEAN_LEAF")) : -1;
+  const bool leaf = leaf_env >= 0 ? leaf_env != 0
+                                  : int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
   // q4 / q3: a CTA's 4 warps share one (sequence, kv head) (its query preparation): splits a multiple of 4.
   const int splits = leaf ? 0 : lean_splits<QB>(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;
@@ -917,8 +1000,11 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                  : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
             batch);
   static const int krows = std::getenv("KVPACK_LEAN_KROWS") ? std::atoi(std::getenv("KVPACK_LEAN_KROWS")) : 0;
-  lean_kernel<D, QB><<<grid, kLeanWarps * 32, Geo::kSmem, stream>>>(kp, splits, krows);
-  lean_merge_kernel<D, QB><<<dim3(kp.num_kv_heads, batch, kp.group), D, 0, stream>>>(kp);
+  const bool pdl = lean_pdl_applies();
+  if constexpr (QB != 0)
+    lean_launch(lean_q_prep_kernel<D, QB>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, 0, stream, false, kp);
+  lean_launch(lean_kernel<D, QB>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && QB != 0, kp, splits, krows);
+  lean_launch(lean_merge_kernel<D, QB>, dim3(kp.num_kv_heads, batch, kp.group), kMergeSlices * D, 0, stream, pdl, kp);
 }
 
 }  // namespace kvpack::cuda_detail

@@ -75,6 +75,7 @@ struct Opts {
   std::string table_path;
   std::string json_path;
   double probe_gb = 4.0;
+  bool eager = false;
 };
 
 int run_bench(const Opts& o) {
@@ -117,20 +118,20 @@ int run_bench(const Opts& o) {
                  bench.fill_ms());
       for (int b : batches) {
         for (int64_t c : contexts) {
-          auto t = bench.time_decode(b, c, o.splits, o.stages, table.get(), o.iters, fallback);
+          auto t = bench.time_decode(b, c, o.splits, o.stages, table.get(), o.iters, fallback, o.eager);
           auto row = base_row(f, sh);
           row.update({{"kind", "decode"}, {"batch", b}, {"context", c}, {"median_us", t.median_us},
                       {"min_us", t.min_us}, {"bandwidth_tbs", t.bandwidth_tbs}, {"bytes", t.bytes},
                       {"frac_read_bw", t.bandwidth_tbs / read_bw}, {"num_splits", t.num_splits},
                       {"stages", t.stages}, {"plan", t.plan_source}, {"rotations", t.rotations},
-                      {"kernel", kvpack::decode_kernel_name(f)}});
+                      {"kernel", kvpack::decode_kernel_name(f)}, {"timing", t.timing}});
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
           // The lean kernel (q4 / q3) counts warps per (sequence, kv head) and has no pipeline-depth setting.
           const bool lean = std::string(kvpack::decode_kernel_name(f)) == "lean";
-          fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {}\n",
+          fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
                      kvpack::format_name(f), sh.qo, sh.kv, sh.d, b, c, t.median_us, t.bandwidth_tbs,
-                     100 * t.bandwidth_tbs / read_bw,
+                     100 * t.bandwidth_tbs / read_bw, t.timing,
                      lean ? fmt::format("lean, warps {}", t.num_splits)
                           : fmt::format("splits {} stages {}", t.num_splits, t.stages));
         }
@@ -178,6 +179,8 @@ kvpack::cli::Runner setup(CLI::App* app) {
                   "'fallback': the fallback plans");
   app->add_option("--json", o->json_path, "Write JSON rows here");
   app->add_option("--probe-gb", o->probe_gb, "Size of the read-bandwidth probe buffer (GB)");
+  app->add_flag("--eager", o->eager,
+                "Time eager stream launches instead of CUDA-graph replays of the launches (rows' \"timing\")");
   return [o] { return run_bench(*o); };
 }
 const bool registered = kvpack::cli::register_command("bench", "Time decode attention and the write path on the GPU", setup);
