@@ -136,7 +136,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // sequence's sink count are masked (the merge adds them exactly). The query preparation runs once per CTA (its 4 warps
 // share the (sequence, kv head): warp mode keeps the splits a multiple of 4).
 template <int D, int QB>
-__global__ void __launch_bounds__(kLeanWarps * 32) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
+__global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
   if constexpr (QB == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); q4 / q3 on sm_80 too
