@@ -2,7 +2,8 @@
 # One device call (bench/NOTES.md v40): build; the write / dequantiser / empty / graph / bad-argument GPU tests; the
 # bench of fp8, q4, q3 with FlashInfer's fp8 decode in the same run (carry [".whl"] from
 # bench/flashinfer/fetch_flashinfer.sh); A/B benches of q4 / q3 in the same run: PDL off (KVPACK_PDL=0), eager launches
-# (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF); nsys per-kernel durations if nsys is there; then the
+# (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF), the page-id prefetch off (KVPACK_LEAN_PGPF=0); VARIANTS picks
+# them, FI_BENCH replaces the bench + FlashInfer step's `kvpack bench` options; nsys per-kernel durations if nsys is there; then the
 # DecodeGpu tests and compute-sanitizer with what is left of LIMIT_S (default 570). At most 8 files come back.
 source "$(dirname "$0")/device_env.sh" /tmp/v40_out
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
@@ -14,20 +15,21 @@ rm -rf "$W" && mkdir -p "$W"
 $T --gtest_filter="${FIRST_TESTS:-PagedWriteGpu.*:PagedDequantGpu.*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$W/tests_first.log" 2>&1
 stamp "first tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_first.log" | head -20
 GRID=${GRID:---shapes 32/8/128,8/1/128 --batch 1,8,64 --context 32768,131072}
-OUT=$W/fi BENCH_ARGS="--formats fp8,q4,q3 $GRID" bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
+OUT=$W/fi BENCH_ARGS="${FI_BENCH:---formats fp8,q4,q3 $GRID}" bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
 stamp "bench + flashinfer rc=$?"
 cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
 grep -vE " write" "$W/fi/bench.log" 2>/dev/null | tail -30
 tail -25 "$W/fi/flashinfer.log" 2>/dev/null
 # A/B in one process run each (same GPU, minutes apart): the default again, PDL off, eager, leaf off, leaf on.
 : > "$W/ab.log"
-for v in default pdl0 eager leaf0 leaf1; do
+for v in ${VARIANTS:-default pdl0 eager leaf0 leaf1}; do
   case $v in
     default) env=() ; extra=() ;;
     pdl0) env=(KVPACK_PDL=0) ; extra=() ;;
     eager) env=() ; extra=(--eager) ;;
     leaf0) env=(KVPACK_LEAN_LEAF=0) ; extra=() ;;
     leaf1) env=(KVPACK_LEAN_LEAF=1) ; extra=() ;;
+    pgpf0) env=(KVPACK_LEAN_PGPF=0) ; extra=() ;;
   esac
   echo "== $v" >> "$W/ab.log"
   env "${env[@]}" $K bench --formats q4,q3 $GRID "${extra[@]}" --json "$W/ab_$v.json" 2>&1 | grep -vE " write" >> "$W/ab.log"

@@ -136,7 +136,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // sequence's sink count are masked (the merge adds them exactly). The query preparation runs once per CTA (its 4 warps
 // share the (sequence, kv head): warp mode keeps the splits a multiple of 4).
 template <int D, int QB>
-__global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
+__global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows, int pg_prefetch) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
   if constexpr (QB == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); q4 / q3 on sm_80 too
@@ -246,15 +246,24 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
       uint32_t(((krows_col / 4) * 32 + (lane / 8) * 4 + krows_col % 4) * 16) - uint32_t(lane * 16);
   // The page ids of the chunk being issued, one per lane (a chunk spans 512 / page_size <= 32 pages), loaded once
   // per chunk: a dependent page-table load per unit stalled every step (v32).
-  int64_t pg_chunk = -1;
-  int my_pg = 0;
+  // Warp mode: the next chunk's ids are loaded when a chunk starts (pg_prefetch), so the load has a whole chunk to land
+  // instead of stalling the warp's first issue of every chunk (KVPACK_LEAN_PGPF=0: off, measurement).
+  int64_t pg_chunk = -1, nx_chunk = -1;
+  int my_pg = 0, nx_pg = 0;
+  auto load_pg = [&](int64_t c) -> int {
+    const int64_t tp = c * kChunkTokens + (int64_t{lane} << p.page_shift);
+    return lane < (kChunkTokens >> p.page_shift) && tp < len ? p.table.pages[row + (tp >> p.page_shift)] : 0;
+  };
   auto issue = [&](int i) {
     const int64_t t0 = step_start(i);
     if (t0 < len) {
       if (chunk_of(i) != pg_chunk) {
         pg_chunk = chunk_of(i);
-        const int64_t tp = (t0 & ~int64_t{kChunkTokens - 1}) + (int64_t{lane} << p.page_shift);
-        my_pg = lane < (kChunkTokens >> p.page_shift) && tp < len ? p.table.pages[row + (tp >> p.page_shift)] : 0;
+        my_pg = pg_chunk == nx_chunk ? nx_pg : load_pg(pg_chunk);
+        if (pg_prefetch && !leaf_mode) {
+          nx_chunk = pg_chunk + splits;
+          nx_pg = load_pg(nx_chunk);
+        }
       }
       const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
       const uint8_t *qk0 = nullptr, *qv0 = nullptr, *qk1 = nullptr, *qv1 = nullptr;  // q3: the step's units
@@ -781,9 +790,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
   }
 }
 
-// One CTA per (sequence, kv head, query head of the group), kMergeSlices x D threads: fold the chunk partials with the
+// One CTA per (sequence, kv head, query head of the group), S x D threads (S = blockDim.x / D slices, 1..kMergeSlices,
+// chosen by launch_lean): fold the chunk partials with the
 // fixed two-level tree (chunks 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one
-// group), then the output. Slice s (threads s D .. s D + D - 1, one per channel) folds groups s, s + kMergeSlices, ...
+// group), then the output. Slice s (threads s D .. s D + D - 1, one per channel) folds groups s, s + S, ...
 // (their L2 loads in flight together), and slice 0 folds the slices' group results in group order: the tree and the
 // bits of one slice folding every group, a quarter of its dependent L2 rounds (v37: 16 groups at 128k).
 //
@@ -816,8 +826,9 @@ __global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const Deco
   const int hg = blockIdx.z, i = hg * D + r;
   __shared__ float fo_s[kMergeSlices][D];
   __shared__ float2 fml_s[kMergeSlices];
+  const int S = blockDim.x / D;
   float M = -INFINITY, L = 0.f, O = 0.f;  // slice 0's
-  for (int g0 = 0; g0 < n_groups; g0 += kMergeSlices) {
+  for (int g0 = 0; g0 < n_groups; g0 += S) {
     const int grp = g0 + slice;
     float m = -INFINITY, l = 0.f, o = 0.f;
     if (grp < n_groups) {
@@ -840,7 +851,7 @@ __global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const Deco
     }
     __syncthreads();
     if (slice == 0) {
-      for (int s2 = 0; s2 < kMergeSlices && g0 + s2 < n_groups; ++s2) {
+      for (int s2 = 0; s2 < S && g0 + s2 < n_groups; ++s2) {
         const float ms = s2 ? fml_s[s2].x : m, ls = s2 ? fml_s[s2].y : l, ob = s2 ? fo_s[s2][r] : o;
         if (n_chunks <= kFoldChunks) {
           M = ms, L = ls, O = ob;
@@ -879,26 +890,28 @@ __global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const Deco
       }
       ssc_s[r] = a;
     }
-    // Row rr of G: mu_rr L + sum_c G[rr][c] o_s[c]. The CTA's kMergeSlices x D / 32 warps take D / (those) rows each
-    // (one set of loads in flight per warp); a warp's lanes read a row coalesced (c = lane + 32 k), sum over k in
-    // order, then a fixed xor tree (which warp computes a row does not change its bits).
+    // Row rr of G: mu_rr L + sum_c G[rr][c] o_s[c]. The CTA's S x D / 32 warps take D / (those) rows each, 8 rows'
+    // loads in flight at a time; a warp's lanes read a row coalesced (c = lane + 32 k), sum over k in order, then a
+    // fixed xor tree (which warp computes a row does not change its bits).
     {
-      constexpr int kW = kMergeSlices * D / 32, kRows = D / kW;
-      static_assert(kRows >= 1 && kRows * kW == D, "rows per warp");
+      const int nw = S * D / 32, rows = D / nw;
       const int w = threadIdx.x / 32, ln = threadIdx.x % 32;
-      float gv[kRows][D / 32];
+#pragma unroll 1
+      for (int j0 = 0; j0 < rows; j0 += 8) {
+        float gv[8][D / 32];
 #pragma unroll
-      for (int j = 0; j < kRows; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) gv[j][k] = __ldg(vq.inv + (j * kW + w) * D + ln + 32 * k);
+          for (int k = 0; k < D / 32; ++k) gv[j][k] = __ldg(vq.inv + ((j0 + j) * nw + w) * D + ln + 32 * k);
 #pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        float a = 0.f;
+        for (int j = 0; j < 8; ++j) {
+          float a = 0.f;
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) a = fmaf(gv[j][k], o_s[ln + 32 * k], a);
+          for (int k = 0; k < D / 32; ++k) a = fmaf(gv[j][k], o_s[ln + 32 * k], a);
 #pragma unroll
-        for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
-        if (ln == 0) g_s[j * kW + w] = a;
+          for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
+          if (ln == 0) g_s[(j0 + j) * nw + w] = a;
+        }
       }
     }
     __syncthreads();
@@ -1003,8 +1016,14 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const bool pdl = lean_pdl_applies();
   if constexpr (QB != 0)
     lean_launch(lean_q_prep_kernel<D, QB>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, 0, stream, false, kp);
-  lean_launch(lean_kernel<D, QB>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && QB != 0, kp, splits, krows);
-  lean_launch(lean_merge_kernel<D, QB>, dim3(kp.num_kv_heads, batch, kp.group), kMergeSlices * D, 0, stream, pdl, kp);
+  static const int pgpf = std::getenv("KVPACK_LEAN_PGPF") ? std::atoi(std::getenv("KVPACK_LEAN_PGPF")) : 1;
+  lean_launch(lean_kernel<D, QB>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && QB != 0, kp, splits, krows, pgpf);
+  // Merge slices: up to kMergeSlices fold groups at once while the merge grid still fits one wave of the GPU's threads
+  // (v40: 4 slices at batch 64 made 4 waves of 512-thread CTAs, 2-5% slower than 1); same bits for every S.
+  const int64_t merge_ctas = int64_t{kp.num_kv_heads} * batch * kp.group;
+  int slices = std::max(1, std::min(kMergeSlices, kp.max_groups));
+  while (slices > 1 && merge_ctas * slices * D > int64_t{device_sm_count()} * 2048) slices /= 2;
+  lean_launch(lean_merge_kernel<D, QB>, dim3(kp.num_kv_heads, batch, kp.group), slices * D, 0, stream, pdl, kp);
 }
 
 }  // namespace kvpack::cuda_detail
