@@ -29,8 +29,11 @@ def main(path):
         print("no decode rows")
         return
     r0 = dec[0]
+    timing = {r.get("timing", "eager") for r in dec}
+    how = ("CUDA-graph replays" if timing == {"graph"} else "eager launches" if timing == {"eager"}
+           else "graph replays and eager launches (rows' \"timing\")")
     print(f"run `{r0['run_id']}` on {r0['gpu']}, streaming read bandwidth measured in the same run: "
-          f"**{r0['read_bw_tbs']:.2f} TB/s**; page size {r0['page_size']}; median of CUDA-event timings.\n")
+          f"**{r0['read_bw_tbs']:.2f} TB/s**; page size {r0['page_size']}; median of CUDA-event timings of {how}.\n")
     shapes = sorted({(r["num_qo_heads"], r["num_kv_heads"], r["head_dim"]) for r in dec}, reverse=True)
     formats = []
     for r in dec:

@@ -136,7 +136,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // sequence's sink count are masked (the merge adds them exactly). The query preparation runs once per CTA (its 4 warps
 // share the (sequence, kv head): warp mode keeps the splits a multiple of 4).
 template <int D, int QB>
-__global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows, int pg_prefetch) {
+__global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
   if constexpr (QB == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); q4 / q3 on sm_80 too
@@ -246,24 +246,16 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
       uint32_t(((krows_col / 4) * 32 + (lane / 8) * 4 + krows_col % 4) * 16) - uint32_t(lane * 16);
   // The page ids of the chunk being issued, one per lane (a chunk spans 512 / page_size <= 32 pages), loaded once
   // per chunk: a dependent page-table load per unit stalled every step (v32).
-  // Warp mode: the next chunk's ids are loaded when a chunk starts (pg_prefetch), so the load has a whole chunk to land
-  // instead of stalling the warp's first issue of every chunk (KVPACK_LEAN_PGPF=0: off, measurement).
-  int64_t pg_chunk = -1, nx_chunk = -1;
-  int my_pg = 0, nx_pg = 0;
-  auto load_pg = [&](int64_t c) -> int {
-    const int64_t tp = c * kChunkTokens + (int64_t{lane} << p.page_shift);
-    return lane < (kChunkTokens >> p.page_shift) && tp < len ? p.table.pages[row + (tp >> p.page_shift)] : 0;
-  };
+  // (v40: loading the next chunk's ids one chunk ahead measured the same, within 1%, and was dropped.)
+  int64_t pg_chunk = -1;
+  int my_pg = 0;
   auto issue = [&](int i) {
     const int64_t t0 = step_start(i);
     if (t0 < len) {
       if (chunk_of(i) != pg_chunk) {
         pg_chunk = chunk_of(i);
-        my_pg = pg_chunk == nx_chunk ? nx_pg : load_pg(pg_chunk);
-        if (pg_prefetch && !leaf_mode) {
-          nx_chunk = pg_chunk + splits;
-          nx_pg = load_pg(nx_chunk);
-        }
+        const int64_t tp = (t0 & ~int64_t{kChunkTokens - 1}) + (int64_t{lane} << p.page_shift);
+        my_pg = lane < (kChunkTokens >> p.page_shift) && tp < len ? p.table.pages[row + (tp >> p.page_shift)] : 0;
       }
       const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
       const uint8_t *qk0 = nullptr, *qv0 = nullptr, *qk1 = nullptr, *qv1 = nullptr;  // q3: the step's units
@@ -790,7 +782,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
   }
 }
 
-// One CTA per (sequence, kv head, query head of the group), S x D threads (S = blockDim.x / D slices, 1..kMergeSlices,
+// One CTA per (sequence, kv head, query head of the group), S x D threads (S = blockDim.x / D slices: 1, 2 or 4,
 // chosen by launch_lean): fold the chunk partials with the
 // fixed two-level tree (chunks 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one
 // group), then the output. Slice s (threads s D .. s D + D - 1, one per channel) folds groups s, s + S, ...
@@ -1016,13 +1008,14 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const bool pdl = lean_pdl_applies();
   if constexpr (QB != 0)
     lean_launch(lean_q_prep_kernel<D, QB>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, 0, stream, false, kp);
-  static const int pgpf = std::getenv("KVPACK_LEAN_PGPF") ? std::atoi(std::getenv("KVPACK_LEAN_PGPF")) : 1;
-  lean_launch(lean_kernel<D, QB>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && QB != 0, kp, splits, krows, pgpf);
+  lean_launch(lean_kernel<D, QB>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && QB != 0, kp, splits, krows);
   // Merge slices: up to kMergeSlices fold groups at once while the merge grid still fits one wave of the GPU's threads
   // (v40: 4 slices at batch 64 made 4 waves of 512-thread CTAs, 2-5% slower than 1); same bits for every S.
   const int64_t merge_ctas = int64_t{kp.num_kv_heads} * batch * kp.group;
-  int slices = std::max(1, std::min(kMergeSlices, kp.max_groups));
-  while (slices > 1 && merge_ctas * slices * D > int64_t{device_sm_count()} * 2048) slices /= 2;
+  // A power of two (the G.o rows split evenly over the slices' warps), at most the fold groups.
+  int slices = kMergeSlices;
+  while (slices > 1 && (slices > kp.max_groups || merge_ctas * slices * D > int64_t{device_sm_count()} * 2048))
+    slices /= 2;
   lean_launch(lean_merge_kernel<D, QB>, dim3(kp.num_kv_heads, batch, kp.group), slices * D, 0, stream, pdl, kp);
 }
 

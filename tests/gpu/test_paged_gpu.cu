@@ -417,34 +417,44 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
         ASSERT_EQ(r.out, base.out) << "run " << rep;
       }
       // Batch composition: a permuted batch (same pool, permuted table rows) gives the permuted outputs bit for bit,
-      // and a sequence alone gives the same bits as inside the batch.
-      std::vector<int> perm{3, 0, 5, 4, 2, 1};
-      PagedBatch pb2 = pb;
-      pb2.lens.clear();
-      pb2.indptr = {0};
-      pb2.indices.clear();
-      pb2.last_page_len.clear();
-      pb2.seq_lens.clear();
-      pb2.block_table.clear();
-      pb2.sink_rows.clear();
-      std::vector<uint16_t> q2;
-      for (int i : perm) {
-        pb2.lens.push_back(pb.lens[i]);
-        for (int j = pb.indptr[i]; j < pb.indptr[i + 1]; ++j) pb2.indices.push_back(pb.indices[j]);
-        pb2.indptr.push_back(static_cast<int32_t>(pb2.indices.size()));
-        pb2.last_page_len.push_back(pb.last_page_len[i]);
-        pb2.seq_lens.push_back(pb.seq_lens[i]);
-        if (!pb.sink_rows.empty()) pb2.sink_rows.push_back(pb.sink_rows[i]);
-        pb2.block_table.insert(pb2.block_table.end(), pb.block_table.begin() + size_t(i) * pb.max_blocks,
-                               pb.block_table.begin() + size_t(i + 1) * pb.max_blocks);
-        q2.insert(q2.end(), q.begin() + size_t(i) * qo * 128, q.begin() + size_t(i + 1) * qo * 128);
-      }
-      DevBatch db2(pb2);
-      for (int splits : {0, 5}) {
-        AttnResult r = run_attention(pb2, db2, q2, qo, splits % 2 == 0, splits, 3);
-        for (size_t k = 0; k < perm.size(); ++k)
-          ASSERT_TRUE(bits_equal(r.out.data() + k * qo * 128, base.out.data() + size_t(perm[k]) * qo * 128, qo * 128 * 2))
-              << "permuted row " << k;
+      // and a sequence alone gives the same bits as inside the batch. 72 rows (each sequence 12 times, pages shared)
+      // make the lean merge grid large enough for one merge slice per CTA at qo 16 (two at qo 8 and in the base run:
+      // launch_lean's slice count depends on the grid; same bits).
+      auto rows_of = [&](const std::vector<int>& perm, std::vector<uint16_t>& q2) {
+        PagedBatch pb2 = pb;
+        pb2.lens.clear();
+        pb2.indptr = {0};
+        pb2.indices.clear();
+        pb2.last_page_len.clear();
+        pb2.seq_lens.clear();
+        pb2.block_table.clear();
+        pb2.sink_rows.clear();
+        q2.clear();
+        for (int i : perm) {
+          pb2.lens.push_back(pb.lens[i]);
+          for (int j = pb.indptr[i]; j < pb.indptr[i + 1]; ++j) pb2.indices.push_back(pb.indices[j]);
+          pb2.indptr.push_back(static_cast<int32_t>(pb2.indices.size()));
+          pb2.last_page_len.push_back(pb.last_page_len[i]);
+          pb2.seq_lens.push_back(pb.seq_lens[i]);
+          if (!pb.sink_rows.empty()) pb2.sink_rows.push_back(pb.sink_rows[i]);
+          pb2.block_table.insert(pb2.block_table.end(), pb.block_table.begin() + size_t(i) * pb.max_blocks,
+                                 pb.block_table.begin() + size_t(i + 1) * pb.max_blocks);
+          q2.insert(q2.end(), q.begin() + size_t(i) * qo * 128, q.begin() + size_t(i + 1) * qo * 128);
+        }
+        return pb2;
+      };
+      std::vector<int> repeated;
+      for (int k = 0; k < 72; ++k) repeated.push_back(k % 6);
+      for (const std::vector<int>& perm : {std::vector<int>{3, 0, 5, 4, 2, 1}, repeated}) {
+        std::vector<uint16_t> q2;
+        PagedBatch pb2 = rows_of(perm, q2);
+        DevBatch db2(pb2);
+        for (int splits : {0, 5}) {
+          AttnResult r = run_attention(pb2, db2, q2, qo, splits % 2 == 0, splits, 3, perm.size() > 6 ? 20001 : 0);
+          for (size_t k = 0; k < perm.size(); ++k)
+            ASSERT_TRUE(bits_equal(r.out.data() + k * qo * 128, base.out.data() + size_t(perm[k]) * qo * 128, qo * 128 * 2))
+                << "row " << k << " of " << perm.size();
+        }
       }
     }
   }
