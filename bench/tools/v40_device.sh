@@ -2,7 +2,8 @@
 # One device call (bench/NOTES.md v40): build; the write / dequantiser / empty / graph / bad-argument GPU tests; the
 # bench of fp8, q4, q3 with FlashInfer's fp8 decode in the same run (carry [".whl"] from
 # bench/flashinfer/fetch_flashinfer.sh); A/B benches of q4 / q3 in the same run: PDL off (KVPACK_PDL=0), eager launches
-# (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF); VARIANTS picks them, FI_BENCH replaces the bench + FlashInfer step's `kvpack bench` options; nsys per-kernel durations if nsys is there; then the
+# (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF), one merge slice (KVPACK_LEAN_MERGE_SLICES=1); VARIANTS
+# picks them, FI_BENCH replaces the bench + FlashInfer step's `kvpack bench` options; nsys per-kernel durations if nsys is there; then the
 # DecodeGpu tests and compute-sanitizer with what is left of LIMIT_S (default 570). At most 8 files come back.
 source "$(dirname "$0")/device_env.sh" /tmp/v40_out
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
@@ -28,6 +29,7 @@ for v in ${VARIANTS:-default pdl0 eager leaf0 leaf1}; do
     eager) env=() ; extra=(--eager) ;;
     leaf0) env=(KVPACK_LEAN_LEAF=0) ; extra=() ;;
     leaf1) env=(KVPACK_LEAN_LEAF=1) ; extra=() ;;
+    slices1) env=(KVPACK_LEAN_MERGE_SLICES=1) ; extra=() ;;
   esac
   echo "== $v" >> "$W/ab.log"
   env "${env[@]}" $K bench --formats q4,q3 $GRID "${extra[@]}" --json "$W/ab_$v.json" 2>&1 | grep -vE " write" >> "$W/ab.log"

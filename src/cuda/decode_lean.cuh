@@ -1013,7 +1013,9 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // (v40: 4 slices at batch 64 made 4 waves of 512-thread CTAs, 2-5% slower than 1); same bits for every S.
   const int64_t merge_ctas = int64_t{kp.num_kv_heads} * batch * kp.group;
   // A power of two (the G.o rows split evenly over the slices' warps), at most the fold groups.
-  int slices = kMergeSlices;
+  // KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 caps the count (measurement; same bits).
+  static const int slices_env = std::getenv("KVPACK_LEAN_MERGE_SLICES") ? std::atoi(std::getenv("KVPACK_LEAN_MERGE_SLICES")) : 0;
+  int slices = slices_env == 1 || slices_env == 2 ? slices_env : kMergeSlices;
   while (slices > 1 && (slices > kp.max_groups || merge_ctas * slices * D > int64_t{device_sm_count()} * 2048))
     slices /= 2;
   lean_launch(lean_merge_kernel<D, QB>, dim3(kp.num_kv_heads, batch, kp.group), slices * D, 0, stream, pdl, kp);

@@ -210,8 +210,19 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
     rmsw_s[c] = p0.rms_weight[c];
     if (c < kGroups) gbits_s[c] = p0.group_bits[c];
   }
-  for (int i = threadIdx.x; i < D * D / 4; i += blockDim.x) {
-    const float4 f = reinterpret_cast<const float4*>(p0.fwd)[i];
+  // F's D x D floats: every thread's loads issued before its stores (one L2 round trip per CTA, not D * D / 4 /
+  // kQThreads of them in a row: the 1-8-token decode step is this kernel's latency, v41).
+  constexpr int kFv = D * D / 4 / kQThreads;
+  static_assert(kFv * kQThreads == D * D / 4, "F is whole float4s per thread");
+  float4 fv[kFv];
+#pragma unroll
+  for (int k = 0; k < kFv; ++k) fv[k] = __ldg(reinterpret_cast<const float4*>(p0.fwd) + threadIdx.x + k * kQThreads);
+  // The slot of the thread's token (threads < kTok), read now: it is used after the search.
+  const int32_t my_slot = threadIdx.x < kTok && tok0 + threadIdx.x < num_tokens ? slots[tok0 + threadIdx.x] : -1;
+#pragma unroll
+  for (int k = 0; k < kFv; ++k) {
+    const int i = threadIdx.x + k * kQThreads;
+    const float4 f = fv[k];
     const int r = (4 * i) / D, c = (4 * i) % D;
     if constexpr (G::kSmall) {
       // Coalesced 16-byte reads of F's rows, transposed stores (4-way bank conflicts; lanes taking consecutive
@@ -227,7 +238,9 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   }
   const uint16_t* src = kv ? v : k;
   constexpr int kStaged = G::kSmall ? 2 * (kQThreads / D) : kTok;  // token rows the transform reads
-  for (int i = threadIdx.x; i < kStaged * D; i += blockDim.x) {
+  // Compile-time trip count (kQThreads, not blockDim.x): unrolled, the loads of all iterations are in flight together.
+#pragma unroll
+  for (int i = threadIdx.x; i < kStaged * D; i += kQThreads) {
     const int tt = i / D, c = i % D;
     const int64_t tok = tok0 + tt;
     const float x = tok < num_tokens ? bf16_to_f32(src[(tok * num_kv_heads + head) * D + c]) : 0.f;
@@ -297,7 +310,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
         tok < num_tokens ? Block::scale_pick(e0_s[threadIdx.x], [&](int j) { return errs[j]; }) : uint8_t{0};
     inv_tau_s[threadIdx.x] = block::decode_scale_byte_inv(e);
     int off = 0;
-    uint8_t* blk = tok < num_tokens ? slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes,
+    uint8_t* blk = tok < num_tokens ? slot_block(my_slot, num_pages, page_size, num_kv_heads, head, head_block_bytes,
                                                  kv ? v_pool : k_pool, status, off)
                                     : nullptr;
     if constexpr (kLanes) {
