@@ -2,7 +2,7 @@
 # One device call (bench/NOTES.md v40): build; the write / dequantiser / empty / graph / bad-argument GPU tests; the
 # bench of fp8, q4, q3 with FlashInfer's fp8 decode in the same run (carry [".whl"] from
 # bench/flashinfer/fetch_flashinfer.sh); A/B benches of q4 / q3 in the same run: PDL off (KVPACK_PDL=0), eager launches
-# (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF), one merge slice (KVPACK_LEAN_MERGE_SLICES=1); VARIANTS
+# (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF), 1 / 2 / 4 merge slices (KVPACK_LEAN_MERGE_SLICES); VARIANTS
 # picks them, FI_BENCH replaces the bench + FlashInfer step's `kvpack bench` options; nsys per-kernel durations if nsys is there; then the
 # DecodeGpu tests and compute-sanitizer with what is left of LIMIT_S (default 570). At most 8 files come back.
 source "$(dirname "$0")/device_env.sh" /tmp/v40_out
@@ -30,9 +30,11 @@ for v in ${VARIANTS:-default pdl0 eager leaf0 leaf1}; do
     leaf0) env=(KVPACK_LEAN_LEAF=0) ; extra=() ;;
     leaf1) env=(KVPACK_LEAN_LEAF=1) ; extra=() ;;
     slices1) env=(KVPACK_LEAN_MERGE_SLICES=1) ; extra=() ;;
+    slices2) env=(KVPACK_LEAN_MERGE_SLICES=2) ; extra=() ;;
+    slices4) env=(KVPACK_LEAN_MERGE_SLICES=4) ; extra=() ;;
   esac
   echo "== $v" >> "$W/ab.log"
-  env "${env[@]}" $K bench --formats q4,q3 $GRID "${extra[@]}" --json "$W/ab_$v.json" 2>&1 | grep -vE " write" >> "$W/ab.log"
+  env "${env[@]}" $K bench --formats ${AB_FORMATS:-q4,q3} $GRID "${extra[@]}" --json "$W/ab_$v.json" 2>&1 | grep -vE " write" >> "$W/ab.log"
 done
 stamp "A/B benches done"; cat "$W/ab.log"
 python3 - "$W" > "$OUT/ab.json" <<'EOF'
