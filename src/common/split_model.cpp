@@ -29,4 +29,13 @@ int wave_model_splits(int64_t units, int64_t chunks, int64_t slots, int step) {
 
 const char* decode_kernel_name(Format f) { return lane_bits(f) ? "lean" : "regular"; }
 
+int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&ctas_per_sm)[3], int forced) {
+  const bool force = forced == 1 || forced == 2 || forced == 4;
+  int s = force ? forced : 4;
+  while (s > 1 && (s > fold_groups ||
+                   (!force && merge_ctas > int64_t{sms} * std::max(1, ctas_per_sm[s == 4 ? 2 : 1]))))
+    s /= 2;
+  return s;
+}
+
 }  // namespace kvpack

@@ -1021,16 +1021,13 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // Merge slices: up to kMergeSlices fold groups at once while the merge grid still fits one wave at that block size's
   // occupancy (80 registers: 1 CTA of 512 threads per SM, 3 of 256, 6 of 128). Measured (v40, H100, same call): 4
   // slices 1.25-1.7x faster than 1 at batch 1-8 (8-256 merge CTAs), 6% slower at 8q/1kv batch 64 (512 CTAs: 4 waves
-  // of 512 threads). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 forces S (measurement).
-  const int64_t merge_ctas = int64_t{kp.num_kv_heads} * batch * kp.group;
+  // of 512 threads). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 forces S (measurement). The
+  // rule: lean_merge_slices (host code, split_model.cpp, CPU-tested).
   static const int slices_env = std::getenv("KVPACK_LEAN_MERGE_SLICES") ? std::atoi(std::getenv("KVPACK_LEAN_MERGE_SLICES")) : 0;
   static const int merge_occ[3] = {lean_merge_occupancy<D, QB>(1), lean_merge_occupancy<D, QB>(2),
                                    lean_merge_occupancy<D, QB>(4)};
-  int slices = slices_env == 1 || slices_env == 2 || slices_env == 4 ? slices_env : kMergeSlices;
-  // A power of two (the G.o rows split evenly over the slices' warps), at most the fold groups.
-  while (slices > 1 && (slices > kp.max_groups ||
-                        (slices_env == 0 && merge_ctas > int64_t{device_sm_count()} * merge_occ[slices / 2])))
-    slices /= 2;
+  const int slices = lean_merge_slices(int64_t{kp.num_kv_heads} * batch * kp.group, kp.max_groups, device_sm_count(),
+                                       merge_occ, slices_env);
   lean_launch(lean_merge_kernel<D, QB>, dim3(kp.num_kv_heads, batch, kp.group), slices * D, 0, stream, pdl, kp);
 }
 
