@@ -425,18 +425,18 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
           if (h0 < p.group) __stcg(acc + h0 * D + ch, fmaf(co[mb][2 * e], up, -off * ct0));
           if (h1 < p.group) __stcg(acc + h1 * D + ch, fmaf(co[mb][2 * e + 1], up, -off * ct1));
         }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int mb = 0; mb < 8; ++mb) {
-      const int ch = 16 * g + 2 * mb;
-      if (h0 < p.group) {
-        __stcg(acc + h0 * D + ch, co[mb][0]);
-        __stcg(acc + h0 * D + ch + 1, co[mb][2]);
-      }
-      if (h1 < p.group) {
-        __stcg(acc + h1 * D + ch, co[mb][1]);
-        __stcg(acc + h1 * D + ch + 1, co[mb][3]);
+      for (int mb = 0; mb < 8; ++mb) {
+        const int ch = 16 * g + 2 * mb;
+        if (h0 < p.group) {
+          __stcg(acc + h0 * D + ch, co[mb][0]);
+          __stcg(acc + h0 * D + ch + 1, co[mb][2]);
+        }
+        if (h1 < p.group) {
+          __stcg(acc + h1 * D + ch, co[mb][1]);
+          __stcg(acc + h1 * D + ch + 1, co[mb][3]);
+        }
       }
     }
   };
