@@ -161,7 +161,11 @@ struct DecodeArgs {
 };
 // Launches only (no allocation, no synchronisation): capturable in a CUDA graph. The grid depends only on the
 // plan (batch, kv heads, max context); sequence lengths are read on the device. Throws kvpack::Error on
-// arguments that can be checked on the host (null pointers, batch mismatch, workspace too small).
+// arguments that can be checked on the host (null pointers, batch mismatch, workspace too small). q4 / q3 launch
+// three kernels on `stream` (query preparation, the lean kernel, the merge); on sm_90 the second and third use
+// programmatic dependent launch against the one before them only (KVPACK_PDL=0 turns it off), so work the caller
+// enqueued before or after run_decode is ordered as with plain launches. One workspace must not be shared by
+// run_decode calls that may overlap (two streams).
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, void* stream = nullptr);
 
 std::string library_version();
