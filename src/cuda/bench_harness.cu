@@ -271,6 +271,9 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   a.status = status;
   a.params = m.params;
   if (m.sink_rows) a.sinks = SinkView{m.k_sinks, m.v_sinks, m.sink_rows, m.max_batch};
+  // The fills above (q, status, workspace) ran on the legacy default stream, which a non-blocking stream does not
+  // wait for: finish them before the first launch.
+  KVPACK_CUDA_CHECK(cudaDeviceSynchronize());
   cudaStream_t cs = nullptr;
   KVPACK_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   auto launch = [&](int r) {
