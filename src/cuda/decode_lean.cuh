@@ -133,8 +133,9 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // quad); P.V multiplies each probability by tau_V (scale bits gathered by ballots) and accumulates L_tau = sum of those
 // f16 weights, and at a chunk's end the accumulators become sum_t p_t tau_t (k_t - o) (x 2^(24 - pos'), minus o
 // L_tau), which lean_merge_q_kernel turns into mu + G (s * .) and folds with the sink tokens. Positions below the
-// sequence's sink count are masked (the merge adds them exactly). The query preparation runs once per CTA (its 4 warps
-// share the (sequence, kv head): warp mode keeps the splits a multiple of 4).
+// sequence's sink count are masked (the merge adds them exactly). The query is prepared once per (sequence, kv head)
+// by lean_q_prep_kernel, before this kernel (PDL: this kernel's first copies overlap it); a CTA's 4 warps share one
+// (sequence, kv head), so warp mode keeps the splits a multiple of 4.
 template <int D, int QB>
 __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
