@@ -2,8 +2,8 @@
 # One device call (bench/NOTES.md v40): build; the write / dequantiser / empty / graph / bad-argument GPU tests; the
 # bench of fp8, q4, q3 with FlashInfer's fp8 decode in the same run (carry [".whl"] from
 # bench/flashinfer/fetch_flashinfer.sh); A/B benches of q4 / q3 in the same run: PDL off (KVPACK_PDL=0), eager launches
-# (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF), 1 / 2 / 4 merge slices (KVPACK_LEAN_MERGE_SLICES); VARIANTS
-# picks them, FI_BENCH replaces the bench + FlashInfer step's `kvpack bench` options; nsys per-kernel durations if nsys is there; then the
+# (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF), 1 / 2 / 4 merge slices (KVPACK_LEAN_MERGE_SLICES), fp8 on
+# its regular vs its opt-in lean kernel (fp8, leanfp8); VARIANTS picks them, FI_BENCH replaces the bench + FlashInfer step's `kvpack bench` options; nsys per-kernel durations if nsys is there; then the
 # DecodeGpu tests and compute-sanitizer with what is left of LIMIT_S (default 570). At most 8 files come back.
 source "$(dirname "$0")/device_env.sh" /tmp/v40_out
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
@@ -23,6 +23,7 @@ tail -25 "$W/fi/flashinfer.log" 2>/dev/null
 # A/B in one process run each (same GPU, minutes apart): the default again, PDL off, eager, leaf off, leaf on.
 : > "$W/ab.log"
 for v in ${VARIANTS:-default pdl0 eager leaf0 leaf1}; do
+  fmts=${AB_FORMATS:-q4,q3}
   case $v in
     default) env=() ; extra=() ;;
     pdl0) env=(KVPACK_PDL=0) ; extra=() ;;
@@ -32,9 +33,11 @@ for v in ${VARIANTS:-default pdl0 eager leaf0 leaf1}; do
     slices1) env=(KVPACK_LEAN_MERGE_SLICES=1) ; extra=() ;;
     slices2) env=(KVPACK_LEAN_MERGE_SLICES=2) ; extra=() ;;
     slices4) env=(KVPACK_LEAN_MERGE_SLICES=4) ; extra=() ;;
+    fp8) env=() ; extra=() ; fmts=fp8 ;;                    # fp8 on the regular kernel ...
+    leanfp8) env=(KVPACK_LEAN_FP8=1) ; extra=() ; fmts=fp8 ;;  # ... against its opt-in lean kernel
   esac
   echo "== $v" >> "$W/ab.log"
-  env "${env[@]}" $K bench --formats ${AB_FORMATS:-q4,q3} $GRID "${extra[@]}" --json "$W/ab_$v.json" 2>&1 | grep -vE " write" >> "$W/ab.log"
+  env "${env[@]}" $K bench --formats $fmts $GRID "${extra[@]}" --json "$W/ab_$v.json" 2>&1 | grep -vE " write" >> "$W/ab.log"
 done
 stamp "A/B benches done"; cat "$W/ab.log"
 python3 - "$W" > "$OUT/ab.json" <<'EOF'
