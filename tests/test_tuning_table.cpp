@@ -63,6 +63,7 @@ TEST(TuningTable, RoundTripThroughAFile) {
     e.stages = 2 + static_cast<int>(rng() % 7);
     e.median_us = static_cast<double>(rng() % 100000) / 7.0;
     e.kernel = rng() % 2 ? "lean" : "regular";
+    e.leaf = e.kernel == "lean" ? static_cast<int>(rng() % 3) - 1 : -1;  // -1 (absent), 0, 1 on lean entries
     t.entries.push_back(e);
   }
   const auto path = std::filesystem::temp_directory_path() / ("kvpack_tune_" + std::to_string(::getpid()) + ".json");
@@ -85,6 +86,7 @@ TEST(TuningTable, RoundTripThroughAFile) {
     EXPECT_EQ(a.stages, b.stages);
     EXPECT_EQ(a.median_us, b.median_us);  // nlohmann writes doubles round-trip exact
     EXPECT_EQ(a.kernel, b.kernel);
+    EXPECT_EQ(a.leaf, b.leaf);
   }
   EXPECT_EQ(u.to_json(), t.to_json());
 }
@@ -159,6 +161,14 @@ TEST(TuningTable, MalformedFilesNameTheFieldAndEntry) {
       {"kernel unknown", [](nlohmann::json& j) { j["entries"][1]["kernel"] = "fast"; },
        "entries[1].kernel = \"fast\" is not \"regular\" or \"lean\""},
       {"kernel a number", [](nlohmann::json& j) { j["entries"][0]["kernel"] = 1; }, "entries[0].kernel = 1 is not"},
+      {"leaf a number",
+       [](nlohmann::json& j) {
+         j["entries"][0]["kernel"] = "lean";
+         j["entries"][0]["leaf"] = 1;
+       },
+       "entries[0].leaf = 1 is not true or false"},
+      {"leaf on a regular entry", [](nlohmann::json& j) { j["entries"][1]["leaf"] = true; },
+       "entries[1].leaf is given on a \"regular\" kernel entry"},
       {"duplicate lean bucket",
        [](nlohmann::json& j) {
          for (int i = 0; i < 2; ++i) {
@@ -237,4 +247,31 @@ TEST(TuningTable, MissingFileNamesThePath) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/tune.json: cannot open"), std::string::npos) << e.what();
   }
+}
+
+// A lean entry's mode (DecodePlan::leaf) survives the JSON form; absent means the launcher's rule (-1).
+TEST(TuningTable, LeanEntriesKeepTheirMode) {
+  nlohmann::json j = valid_table();
+  j["entries"][0]["kernel"] = "lean";
+  j["entries"][0]["leaf"] = true;
+  auto e = valid_entry();
+  e["kernel"] = "lean";
+  e["batch"] = 1;
+  e["leaf"] = false;
+  j["entries"].push_back(e);
+  auto e2 = valid_entry();
+  e2["kernel"] = "lean";
+  e2["batch"] = 2;
+  j["entries"].push_back(e2);
+  const TuningTable t = TuningTable::parse(j.dump(), "t.json");
+  ASSERT_EQ(t.entries.size(), 4u);
+  EXPECT_EQ(t.entries[0].leaf, 1);
+  EXPECT_EQ(t.entries[1].leaf, -1);  // fp8, regular
+  EXPECT_EQ(t.entries[2].leaf, 0);
+  EXPECT_EQ(t.entries[3].leaf, -1);
+  const nlohmann::json back = nlohmann::json::parse(t.to_json());
+  EXPECT_EQ(back["entries"][0]["leaf"], true);
+  EXPECT_FALSE(back["entries"][1].contains("leaf"));
+  EXPECT_EQ(back["entries"][2]["leaf"], false);
+  EXPECT_FALSE(back["entries"][3].contains("leaf"));
 }

@@ -71,6 +71,10 @@ struct DecodePlan {
   int num_splits = 1;        // CTAs per (sequence, kv head) (the lean kernel of q4 / q3: warps per (sequence, kv
                              // head), rounded up to a multiple of 4); chunks are dealt to them round-robin
   int stages = 4;            // cp.async pipeline depth (tiles in flight per CTA)
+  // The lean kernel's (q4 / q3) mode: 1 = leaf mode (one CTA per chunk, num_splits not read), 0 = warp mode
+  // (num_splits warps per (sequence, kv head)), -1 = the launcher's rule (leaf mode when one warp per chunk would give
+  // fewer than two waves of 8 warps per SM). Both modes give the same bits. The regular kernel ignores it.
+  int leaf = -1;
   int max_chunks = 0;        // ceil(max_context / kChunkTokens)
   size_t workspace_bytes = 0;  // device workspace run() needs; zero it once after allocation (run leaves it so)
   std::string source;        // "table", "built-in table", "fallback" or "explicit": where the configuration came from
@@ -89,17 +93,21 @@ struct TuneEntry {
   // plan_decode takes an entry only for the kernel its format runs on now (decode_kernel_name), since the two read
   // num_splits differently.
   std::string kernel = "regular";
+  // The lean kernel's mode it was measured in (DecodePlan::leaf; JSON "leaf": true / false, absent = -1, the
+  // launcher's rule; only on "lean" entries). plan_decode takes it for the entry's own (batch, context) only.
+  int leaf = -1;
 };
 struct TuningTable {
   std::string gpu;           // device name the table was measured on
   std::string version;       // library version it was measured with
   std::vector<TuneEntry> entries;
   // The JSON form (`kvpack tune` writes it): {"gpu", "version", "entries": [{format, num_qo_heads, num_kv_heads,
-  // head_dim, page_size, batch, context, num_splits, stages, median_us, kernel}]}. Host code
+  // head_dim, page_size, batch, context, num_splits, stages, median_us, kernel, leaf (lean entries only)}]}. Host code
   // (src/common/tuning_table.cpp), no CUDA needed. parse/load throw kvpack::Error naming the source, the entry and
   // the field for invalid JSON, missing or mistyped fields, values outside what plan_decode accepts (group sizes
   // 1..8, head_dim 64 / 128, page_size 16 / 32 / 64 / 128, batch 1..65535, context 1..2^30, num_splits >= 1, stages
-  // 2..8, median_us finite >= 0, kernel "regular" / "lean") and two entries for the same bucket and kernel.
+  // 2..8, median_us finite >= 0, kernel "regular" / "lean", leaf a bool on lean entries only) and two entries for the
+  // same bucket and kernel.
   static TuningTable parse(const std::string& json_text, const std::string& source);
   // The entry plan_decode takes for (shape, batch, max_context), or null: same format, shape and page size, measured
   // on the kernel the format runs on (decode_kernel_name), the largest batch bucket <= batch and within it the
@@ -141,8 +149,10 @@ DecodePlan plan_decode(const DecodeShape& shape, int batch, int64_t max_context,
 // The fallback configuration alone, whatever tables exist (what a GPU without a table gets; `kvpack bench --table
 // fallback` compares it with the tuned plans).
 DecodePlan plan_decode_fallback(const DecodeShape& shape, int batch, int64_t max_context);
-// Same, with an explicit configuration (tuner, tests); validates it.
-DecodePlan plan_decode_with(const DecodeShape& shape, int batch, int64_t max_context, int num_splits, int stages);
+// Same, with an explicit configuration (tuner, tests); validates it. leaf: DecodePlan::leaf (0 / 1 only for formats
+// on the lean kernel, decode_kernel_name).
+DecodePlan plan_decode_with(const DecodeShape& shape, int batch, int64_t max_context, int num_splits, int stages,
+                            int leaf = -1);
 
 struct DecodeArgs {
   const uint16_t* q = nullptr;        // [batch][num_qo_heads][head_dim] bf16, one query token per sequence

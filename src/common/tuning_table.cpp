@@ -94,6 +94,12 @@ TuningTable TuningTable::parse(const std::string& text, const std::string& sourc
                    "tuning table {}: entries[{}].kernel = {} is not \"regular\" or \"lean\"", source, i, k->dump());
       x.kernel = k->get<std::string>();
     }
+    if (const auto l = e.find("leaf"); l != e.end()) {
+      KVPACK_CHECK(l->is_boolean(), "tuning table {}: entries[{}].leaf = {} is not true or false", source, i, l->dump());
+      KVPACK_CHECK(x.kernel == "lean", "tuning table {}: entries[{}].leaf is given on a \"{}\" kernel entry (leaf mode "
+                   "is the lean kernel's)", source, i, x.kernel);
+      x.leaf = l->get<bool>() ? 1 : 0;
+    }
     // Two entries for one bucket would make the plan depend on their order in the file.
     const Key key{static_cast<int>(x.format), x.num_qo_heads, x.num_kv_heads, x.head_dim, x.page_size, x.batch,
                   x.context, x.kernel == "lean"};
@@ -119,11 +125,14 @@ std::string TuningTable::to_json() const {
   j["gpu"] = gpu;
   j["version"] = version;
   j["entries"] = nlohmann::json::array();
-  for (const auto& e : entries)
-    j["entries"].push_back({{"format", format_name(e.format)}, {"num_qo_heads", e.num_qo_heads},
-                            {"num_kv_heads", e.num_kv_heads}, {"head_dim", e.head_dim}, {"page_size", e.page_size},
-                            {"batch", e.batch}, {"context", e.context}, {"num_splits", e.num_splits},
-                            {"stages", e.stages}, {"median_us", e.median_us}, {"kernel", e.kernel}});
+  for (const auto& e : entries) {
+    nlohmann::json x{{"format", format_name(e.format)}, {"num_qo_heads", e.num_qo_heads},
+                     {"num_kv_heads", e.num_kv_heads}, {"head_dim", e.head_dim}, {"page_size", e.page_size},
+                     {"batch", e.batch}, {"context", e.context}, {"num_splits", e.num_splits},
+                     {"stages", e.stages}, {"median_us", e.median_us}, {"kernel", e.kernel}};
+    if (e.leaf >= 0) x["leaf"] = e.leaf == 1;
+    j["entries"].push_back(std::move(x));
+  }
   return j.dump(1) + "\n";
 }
 

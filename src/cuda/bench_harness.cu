@@ -227,7 +227,7 @@ DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_co
 DecodeBench::~DecodeBench() = default;
 
 DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table,
-                                      int iters, bool fallback, bool eager) {
+                                      int iters, bool fallback, bool eager, int leaf) {
   Impl& m = *impl_;
   const DecodeShape& s = m.shape;
   KVPACK_CHECK(batch <= m.max_batch && context <= m.max_context, "bench: batch {} x context {} exceeds the pool",
@@ -256,9 +256,11 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   random_bf16_kernel<<<(qn + 255) / 256, 256>>>(q, qn, m.seed + 17);
   KVPACK_CUDA_CHECK(cudaMemset(status, 0, 4));
 
-  DecodePlan plan = splits > 0 ? plan_decode_with(s, batch, context, splits, stages)
+  DecodePlan plan = splits > 0 ? plan_decode_with(s, batch, context, splits, stages, leaf)
                     : fallback   ? plan_decode_fallback(s, batch, context)
                                  : plan_decode(s, batch, context, table);
+  if (leaf >= 0 && splits <= 0)  // the same validation as an explicit plan's, then the planned configuration
+    plan.leaf = plan_decode_with(s, batch, context, plan.num_splits, plan.stages, leaf).leaf;
   void* ws = dmalloc<uint8_t>(plan.workspace_bytes);
   KVPACK_CUDA_CHECK(cudaMemset(ws, 0, plan.workspace_bytes));
   DecodeArgs a;
@@ -333,6 +335,7 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   t.bytes = bytes;
   t.bandwidth_tbs = bytes / (t.median_us * 1e-6) / 1e12;
   t.num_splits = plan.num_splits;
+  t.leaf = plan.leaf;
   t.stages = plan.stages;
   t.rotations = rot;
   t.plan_source = plan.source;

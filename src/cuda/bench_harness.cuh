@@ -25,6 +25,7 @@ struct DecodeTiming {
   double bytes = 0;          // bytes the format must read: codes + metadata of every token, K and V
   double bandwidth_tbs = 0;  // bytes / median time
   int num_splits = 0, stages = 0;
+  int leaf = -1;             // the plan's DecodePlan::leaf
   int rotations = 0;         // distinct caches rotated over so L2 cannot serve them
   std::string plan_source;
   std::string timing;        // "graph": replays of a CUDA graph of the rotation's launches; "eager": stream launches
@@ -48,8 +49,9 @@ class DecodeBench {
   // or plan_decode_fallback() when `fallback`. Timed as CUDA-graph replays of the rotation's launches (as a server
   // replays its decode step, and as bench/flashinfer/fi_bench.py times FlashInfer), or as eager launches when `eager`
   // or when the capture fails (DecodeTiming::timing says which).
+  // leaf >= 0 sets the plan's lean-kernel mode (DecodePlan::leaf; q4 / q3 only).
   DecodeTiming time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table, int iters,
-                           bool fallback = false, bool eager = false);
+                           bool fallback = false, bool eager = false, int leaf = -1);
   WriteTiming time_write(int num_tokens, int iters);
   double fill_ms() const { return fill_ms_; }
 

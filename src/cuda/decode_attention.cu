@@ -91,7 +91,9 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   kp.group = s.num_qo_heads / s.num_kv_heads;
   kp.page_size = s.page_size;
   kp.page_shift = __builtin_ctz(static_cast<unsigned>(s.page_size));
+  KVPACK_CU_CHECK(plan.leaf >= -1 && plan.leaf <= 1, "run_decode: plan.leaf {} is not -1, 0 or 1", plan.leaf);
   kp.num_splits = plan.num_splits;
+  kp.leaf = plan.leaf;
   kp.stages = plan.stages;
   kp.max_chunks = plan.max_chunks;
   kp.max_context = plan.max_context;

@@ -101,6 +101,7 @@ struct DecodeKernelParams {
   float4* ws_qc;    // [batch][num_kv_heads][8 heads] q4 / q3: (2^-E, q'.o, q.mu, 0) per head of the group
   int32_t* status;
   int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks, max_groups;
+  int leaf;  // DecodePlan::leaf (the lean kernel's mode; -1: the launcher's rule)
   int64_t max_context;
   int64_t head_block_bytes;
   // Sink tokens (formats with format_info().sink_tokens > 0): [rows][sink_tokens][num_kv_heads][D] bf16 pools.

@@ -1004,10 +1004,12 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   lean_prepare<D, QB>();
   // Leaf mode when one warp per chunk would give fewer than two waves of 8 warps per SM (the choice depends on the
   // plan only and both modes give the same bits).
-  // KVPACK_LEAN_LEAF=0 / 1 forces warp / leaf mode (measurement; same bits).
+  // The plan's mode (DecodePlan::leaf: a tuned entry's, or the caller's), else the rule; KVPACK_LEAN_LEAF=0 / 1
+  // overrides both (measurement). Same bits either way.
   static const int leaf_env = std::getenv("KVPACK_LEAN_LEAF") ? std::atoi(std::getenv("KVPACK_LEAN_LEAF")) : -1;
   const bool leaf = leaf_env >= 0 ? leaf_env != 0
-                                  : int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
+                    : kp.leaf >= 0 ? kp.leaf != 0
+                                   : int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
   // q4 / q3: a CTA's 4 warps share one (sequence, kv head) (its query preparation): splits a multiple of 4.
   const int splits = leaf ? 0 : lean_splits<QB>(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;

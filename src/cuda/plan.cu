@@ -99,8 +99,13 @@ DecodePlan fallback_plan(const DecodeShape& s, int batch, int64_t max_context) {
 }
 }  // namespace
 
-DecodePlan plan_decode_with(const DecodeShape& s, int batch, int64_t max_context, int num_splits, int stages) {
+DecodePlan plan_decode_with(const DecodeShape& s, int batch, int64_t max_context, int num_splits, int stages,
+                            int leaf) {
   check_shape(s, batch, max_context);
+  KVPACK_CU_CHECK(leaf >= -1 && leaf <= 1, "plan_decode: leaf {} is not -1 (the launcher's rule), 0 or 1", leaf);
+  KVPACK_CU_CHECK(leaf < 0 || std::string(decode_kernel_name(s.format)) == "lean",
+                  "plan_decode: leaf {} given for format '{}', which runs on the regular kernel (leaf mode is the lean "
+                  "kernel's: q4, q3)", leaf, format_name(s.format));
   KVPACK_CU_CHECK(num_splits >= 1, "plan_decode: num_splits {} must be >= 1", num_splits);
   KVPACK_CU_CHECK(stages >= 2 && stages <= 8, "plan_decode: stages {} out of range [2, 8]", stages);
   const int group = s.num_qo_heads / s.num_kv_heads;
@@ -108,6 +113,7 @@ DecodePlan plan_decode_with(const DecodeShape& s, int batch, int64_t max_context
   KVPACK_CU_CHECK(smem <= device_smem_optin(), "plan_decode: {} stages need {} B of shared memory, the GPU allows {}",
                stages, smem, device_smem_optin());
   DecodePlan p = make_plan(s, batch, max_context, num_splits, stages);
+  p.leaf = leaf;
   p.source = "explicit";
   return p;
 }
@@ -132,6 +138,7 @@ DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, con
                            ? best->num_splits
                            : model_splits(s, batch, max_context, best->stages);
     DecodePlan p = make_plan(s, batch, max_context, splits, best->stages);
+    if (best->batch == batch && best->context == max_context) p.leaf = best->leaf;  // the mode is size-dependent too
     p.source = t == builtin ? "built-in table" : "table";
     return p;
   }

@@ -218,13 +218,14 @@ struct AttnResult {
 };
 
 AttnResult run_attention(const PagedBatch& pb, const DevBatch& db, const std::vector<uint16_t>& q, int qo_heads,
-                         bool csr, int splits, int stages, int64_t max_context = 0, bool sinks = true) {
+                         bool csr, int splits, int stages, int64_t max_context = 0, bool sinks = true, int leaf = -1) {
   const int batch = static_cast<int>(pb.lens.size());
   DecodeShape s{pb.layout.format, qo_heads, pb.layout.num_kv_heads, pb.layout.head_dim, pb.layout.page_size};
   int64_t maxlen = 1;
   for (auto l : pb.lens) maxlen = std::max(maxlen, l);
   if (max_context == 0) max_context = maxlen;
-  DecodePlan plan = splits > 0 ? plan_decode_with(s, batch, max_context, splits, stages) : plan_decode(s, batch, max_context);
+  DecodePlan plan =
+      splits > 0 ? plan_decode_with(s, batch, max_context, splits, stages, leaf) : plan_decode(s, batch, max_context);
   DevBuf<uint16_t> dq(q), out(size_t(batch) * qo_heads * pb.layout.head_dim);
   DevBuf<float> lse(size_t(batch) * qo_heads);
   out.fill_bytes(0xff);  // poison (bf16 NaN)
@@ -411,6 +412,13 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
         ASSERT_EQ(r.out, base.out) << "max_context 2^20";
         ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
       }
+      // The lean kernel's mode chosen by the plan (DecodePlan::leaf): leaf and warp mode, same bits.
+      if (std::string(decode_kernel_name(f)) == "lean")
+        for (int leaf : {0, 1}) {
+          AttnResult r = run_attention(pb, db, q, qo, leaf == 0, 8, 3, 0, true, leaf);
+          ASSERT_EQ(r.out, base.out) << "leaf " << leaf;
+          ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
+        }
       // The fallback plan and repeated runs.
       for (int rep = 0; rep < 3; ++rep) {
         AttnResult r = run_attention(pb, db, q, qo, true, 0, 0);
@@ -567,6 +575,13 @@ TEST(DecodeGpu, BadArgumentsAreErrorsNotCrashes) {
   DecodePlan small = plan;
   small.workspace_bytes = 16;
   EXPECT_THROW(run_decode(small, a), Error);
+  // The lean kernel's mode: only -1 / 0 / 1, and 0 / 1 only for formats on the lean kernel (this is bf16).
+  DecodePlan bad_leaf = plan;
+  bad_leaf.leaf = 2;
+  EXPECT_THROW(run_decode(bad_leaf, a), Error);
+  EXPECT_THROW(plan_decode_with(s, 2, 100, 1, 2, 1), Error);
+  EXPECT_THROW(plan_decode_with(DecodeShape{Format::q4, 4, 2, 64, 16}, 2, 100, 4, 3, 2), Error);
+  EXPECT_EQ(plan_decode_with(DecodeShape{Format::q4, 4, 2, 64, 16}, 2, 100, 4, 3, 1).leaf, 1);
   // Sequences longer than the plan's max_context: reported, cut, never past the workspace.
   DecodePlan short_plan = plan_decode_with(s, 2, 16, 1, 2);
   DevBuf<uint8_t> ws2(short_plan.workspace_bytes);

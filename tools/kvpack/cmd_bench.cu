@@ -76,6 +76,7 @@ struct Opts {
   std::string json_path;
   double probe_gb = 4.0;
   bool eager = false;
+  int leaf = -1;
 };
 
 int run_bench(const Opts& o) {
@@ -118,13 +119,15 @@ int run_bench(const Opts& o) {
                  bench.fill_ms());
       for (int b : batches) {
         for (int64_t c : contexts) {
-          auto t = bench.time_decode(b, c, o.splits, o.stages, table.get(), o.iters, fallback, o.eager);
+          const int leaf = std::string(kvpack::decode_kernel_name(f)) == "lean" ? o.leaf : -1;
+          auto t = bench.time_decode(b, c, o.splits, o.stages, table.get(), o.iters, fallback, o.eager, leaf);
           auto row = base_row(f, sh);
           row.update({{"kind", "decode"}, {"batch", b}, {"context", c}, {"median_us", t.median_us},
                       {"min_us", t.min_us}, {"bandwidth_tbs", t.bandwidth_tbs}, {"bytes", t.bytes},
                       {"frac_read_bw", t.bandwidth_tbs / read_bw}, {"num_splits", t.num_splits},
                       {"stages", t.stages}, {"plan", t.plan_source}, {"rotations", t.rotations},
                       {"kernel", kvpack::decode_kernel_name(f)}, {"timing", t.timing}});
+          if (t.leaf >= 0) row["leaf"] = t.leaf == 1;
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
           // The lean kernel (q4 / q3) counts warps per (sequence, kv head) and has no pipeline-depth setting.
@@ -132,7 +135,7 @@ int run_bench(const Opts& o) {
           fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
                      kvpack::format_name(f), sh.qo, sh.kv, sh.d, b, c, t.median_us, t.bandwidth_tbs,
                      100 * t.bandwidth_tbs / read_bw, t.timing,
-                     lean ? fmt::format("lean, warps {}", t.num_splits)
+                     lean ? (t.leaf == 1 ? std::string("lean, leaf mode") : fmt::format("lean, warps {}", t.num_splits))
                           : fmt::format("splits {} stages {}", t.num_splits, t.stages));
         }
         // Write path: one decode step (one token per sequence) and a prefill of 64k tokens, for one layer.
@@ -179,6 +182,9 @@ kvpack::cli::Runner setup(CLI::App* app) {
                   "'fallback': the fallback plans");
   app->add_option("--json", o->json_path, "Write JSON rows here");
   app->add_option("--probe-gb", o->probe_gb, "Size of the read-bandwidth probe buffer (GB)");
+  app->add_option("--leaf", o->leaf,
+                  "q4 / q3 (lean kernel): 1 = leaf mode, 0 = warp mode, -1 = the plan's choice (tuned entry or rule)")
+      ->check(CLI::Range(-1, 1));
   app->add_flag("--eager", o->eager,
                 "Time eager stream launches instead of CUDA-graph replays of the launches (rows' \"timing\")");
   return [o] { return run_bench(*o); };

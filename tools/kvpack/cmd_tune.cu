@@ -60,32 +60,39 @@ int run_tune(const Opts& o) {
           kvpack::TuneEntry best;
           best.median_us = 1e30;
           // Regular kernel: CTAs per (sequence, kv head) x pipeline depth (256: since v21's two-level merge, a 128k
-          // sequence at batch 1 gains from two CTAs per SM). Lean kernel (q4 / q3): warps per (sequence, kv head),
-          // multiples of its 4 warps per CTA up to one per chunk; its ring depth is fixed (stages is not read).
+          // sequence at batch 1 gains from two CTAs per SM). Lean kernel (q4 / q3): leaf mode (one CTA per chunk, the
+          // split count not read), then warp mode with warps per (sequence, kv head) in multiples of its 4 warps per
+          // CTA up to one per chunk; its ring depth is fixed (stages is not read).
           const bool lean = std::string(kvpack::decode_kernel_name(f)) == "lean";
           const std::vector<int> regular_splits{1, 2, 4, 8, 16, 32, 64, 128, 256};
           const std::vector<int> lean_splits{4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256};
           const std::vector<int> regular_stages{2, 3, 4}, lean_stages{3};
+          auto measure = [&](int splits, int stages, int leaf) {
+            kb::DecodeTiming t;
+            try {
+              t = bench.time_decode(static_cast<int>(b), c, splits, stages, nullptr, o.iters, false, false, leaf);
+            } catch (const kvpack::Error&) {
+              return;  // e.g. not enough shared memory for this depth
+            }
+            if (o.every)
+              fmt::print("  {:<6} {}q/{}kv/{} b={} ctx={}: {} {:.1f} us\n", kvpack::format_name(f), qo, kv, d, b, c,
+                         leaf == 1 ? std::string("leaf mode") : fmt::format("splits {} stages {}", splits, stages),
+                         t.median_us);
+            if (t.median_us < best.median_us) {
+              best = kvpack::TuneEntry{f,      qo,     kv,     d, o.page_size, static_cast<int>(b), c,
+                                       splits, stages, t.median_us, kvpack::decode_kernel_name(f), leaf};
+            }
+          };
+          if (lean) measure(lean_splits.front(), lean_stages.front(), 1);
           for (int splits : lean ? lean_splits : regular_splits) {
             if (splits > (lean ? (max_chunks + 3) / 4 * 4 : max_chunks)) break;
-            for (int stages : lean ? lean_stages : regular_stages) {
-              kb::DecodeTiming t;
-              try {
-                t = bench.time_decode(static_cast<int>(b), c, splits, stages, nullptr, o.iters);
-              } catch (const kvpack::Error&) {
-                continue;  // e.g. not enough shared memory for this depth
-              }
-              if (o.every)
-                fmt::print("  {:<6} {}q/{}kv/{} b={} ctx={}: splits {} stages {} {:.1f} us\n", kvpack::format_name(f),
-                           qo, kv, d, b, c, splits, stages, t.median_us);
-              if (t.median_us < best.median_us) {
-                best = kvpack::TuneEntry{f,      qo,     kv,     d, o.page_size, static_cast<int>(b), c,
-                                         splits, stages, t.median_us, kvpack::decode_kernel_name(f)};
-              }
-            }
+            for (int stages : lean ? lean_stages : regular_stages) measure(splits, stages, lean ? 0 : -1);
           }
-          fmt::print("{:<6} {}q/{}kv/{} b={} ctx={}: {} kernel, splits {} stages {} {:.1f} us\n",
-                     kvpack::format_name(f), qo, kv, d, b, c, best.kernel, best.num_splits, best.stages, best.median_us);
+          fmt::print("{:<6} {}q/{}kv/{} b={} ctx={}: {} kernel, {} {:.1f} us\n", kvpack::format_name(f), qo, kv, d, b,
+                     c, best.kernel,
+                     best.leaf == 1 ? std::string("leaf mode")
+                                    : fmt::format("splits {} stages {}", best.num_splits, best.stages),
+                     best.median_us);
           table.entries.push_back(best);
         }
     }
