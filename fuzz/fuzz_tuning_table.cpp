@@ -18,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                       e.num_qo_heads / e.num_kv_heads <= 8 && (e.head_dim == 64 || e.head_dim == 128) &&
                       e.page_size >= 16 && e.page_size <= 128 && (e.page_size & (e.page_size - 1)) == 0 &&
                       e.batch >= 1 && e.context >= 1 && e.num_splits >= 1 && e.stages >= 2 && e.stages <= 8 &&
-                      e.median_us >= 0;
+                      e.median_us >= 0 && (e.kernel == "regular" || e.kernel == "lean") && e.leaf >= -1 &&
+                      e.leaf <= 1 && (e.leaf == -1 || e.kernel == "lean");
       if (!ok) std::abort();
     }
     const std::string j = t.to_json();
