@@ -31,7 +31,7 @@
 namespace kvpack::cuda_detail {
 
 // kLeanWarps (decode_internal.cuh, the planner counts with it): warps per CTA (independent; the CTA only shares the
-// SM's shared memory and, for q4 / q3, the query preparation).
+// SM's shared memory and, for q4 / q3, its (sequence, kv head) and the scale table).
 constexpr int kLeanStepTok = 32; // tokens per step: two 16-token units
 // Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more, so a warp's
 // ring also holds its two leaves at its smaller steps), its 16-byte copies per lane and step (fp8: 2 tokens x 32
@@ -927,7 +927,7 @@ __global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const Deco
 }
 
 // Warps per (sequence, kv head) for a plan. q4 / q3: the plan's num_splits (plan.cu's lean wave model or a "lean"
-// tuning entry), rounded up to a multiple of kLeanWarps (a CTA's 4 warps share the query preparation); fp8 (opt-in,
+// tuning entry), rounded up to a multiple of kLeanWarps (a CTA's 4 warps share one (sequence, kv head)); fp8 (opt-in,
 // planned for the regular kernel, whose CTAs had 8 warps): 8 x num_splits. At most one per chunk (q: rounded up).
 template <int QB>
 inline int lean_splits(const DecodeKernelParams& kp) {
@@ -936,21 +936,23 @@ inline int lean_splits(const DecodeKernelParams& kp) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(int64_t{kp.num_splits} * 8, kp.max_chunks)));
 }
 
+// The lean kernel's measurement switches: environment variable `name` as an integer, `fallback` when unset.
+inline int lean_env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
 // fp8's lean kernel is opt-in (KVPACK_LEAN_FP8=1): measured at 0.87-0.94x of the regular kernel (H100, 2026-12-06,
 // bench/NOTES.md v34), so the regular kernel stays fp8's default.
 inline bool lean_fp8_applies(int head_dim) {
-  const char* on = std::getenv("KVPACK_LEAN_FP8");
-  return head_dim == 128 && device_cc_major() >= 9 && on && std::atoi(on) != 0;
+  return head_dim == 128 && device_cc_major() >= 9 && lean_env_int("KVPACK_LEAN_FP8", 0) != 0;
 }
 
 // Programmatic dependent launch (sm_90+): the lean kernel starts its copies while the query preparation runs, and the
 // merge kernel's launch overlaps the lean kernel's tail; both wait (griddepcontrol.wait) before reading what the
 // previous kernel wrote. KVPACK_PDL=0 turns it off (measurement).
 inline bool lean_pdl_applies() {
-  static const bool on = [] {
-    const char* e = std::getenv("KVPACK_PDL");
-    return !(e && std::atoi(e) == 0);
-  }();
+  static const bool on = lean_env_int("KVPACK_PDL", 1) != 0;
   return on && device_cc_major() >= 9;
 }
 template <class... KArgs, class... Args>
@@ -1002,21 +1004,20 @@ template <int D, int QB>
 inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
   using Geo = LeanGeo<D, QB>;
   lean_prepare<D, QB>();
-  // Leaf mode when one warp per chunk would give fewer than two waves of 8 warps per SM (the choice depends on the
-  // plan only and both modes give the same bits).
-  // The plan's mode (DecodePlan::leaf: a tuned entry's, or the caller's), else the rule; KVPACK_LEAN_LEAF=0 / 1
-  // overrides both (measurement). Same bits either way.
-  static const int leaf_env = std::getenv("KVPACK_LEAN_LEAF") ? std::atoi(std::getenv("KVPACK_LEAN_LEAF")) : -1;
+  // Leaf mode: the plan's (DecodePlan::leaf: a tuned entry's, or the caller's), else the rule: leaf mode when one warp
+  // per chunk would give fewer than two waves of 8 warps per SM. KVPACK_LEAN_LEAF=0 / 1 overrides both
+  // (measurement). The choice depends on the plan only, and both modes give the same bits.
+  static const int leaf_env = lean_env_int("KVPACK_LEAN_LEAF", -1);
   const bool leaf = leaf_env >= 0 ? leaf_env != 0
                     : kp.leaf >= 0 ? kp.leaf != 0
                                    : int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
-  // q4 / q3: a CTA's 4 warps share one (sequence, kv head) (its query preparation): splits a multiple of 4.
+  // q4 / q3: a CTA's 4 warps share one (sequence, kv head): splits a multiple of 4.
   const int splits = leaf ? 0 : lean_splits<QB>(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;
   dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
                  : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
             batch);
-  static const int krows = std::getenv("KVPACK_LEAN_KROWS") ? std::atoi(std::getenv("KVPACK_LEAN_KROWS")) : 0;
+  static const int krows = lean_env_int("KVPACK_LEAN_KROWS", 0);
   const bool pdl = lean_pdl_applies();
   if constexpr (QB != 0)
     lean_launch(lean_q_prep_kernel<D, QB>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, 0, stream, false, kp);
@@ -1026,7 +1027,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // slices 1.25-1.7x faster than 1 at batch 1-8 (8-256 merge CTAs), 6% slower at 8q/1kv batch 64 (512 CTAs: 4 waves
   // of 512 threads). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 forces S (measurement). The
   // rule: lean_merge_slices (host code, split_model.cpp, CPU-tested).
-  static const int slices_env = std::getenv("KVPACK_LEAN_MERGE_SLICES") ? std::atoi(std::getenv("KVPACK_LEAN_MERGE_SLICES")) : 0;
+  static const int slices_env = lean_env_int("KVPACK_LEAN_MERGE_SLICES", 0);
   static const int merge_occ[3] = {lean_merge_occupancy<D, QB>(1), lean_merge_occupancy<D, QB>(2),
                                    lean_merge_occupancy<D, QB>(4)};
   const int slices = lean_merge_slices(int64_t{kp.num_kv_heads} * batch * kp.group, kp.max_groups, device_sm_count(),

@@ -134,11 +134,11 @@ DecodePlan plan_decode(const DecodeShape& s, int batch, int64_t max_context, con
     if (decode_smem_bytes(s.format, s.head_dim, group, best->stages) > device_smem_optin()) continue;
     // The measured split count holds for its own (batch, context) bucket; elsewhere the wave model picks it (with
     // the tuned pipeline depth), so a 64k request on a table tuned at 8k is not cut into 8k-sized work.
-    const int splits = best->batch == batch && best->context == max_context
-                           ? best->num_splits
-                           : model_splits(s, batch, max_context, best->stages);
+    // The lean kernel's mode likewise (it is size-dependent too).
+    const bool own_bucket = best->batch == batch && best->context == max_context;
+    const int splits = own_bucket ? best->num_splits : model_splits(s, batch, max_context, best->stages);
     DecodePlan p = make_plan(s, batch, max_context, splits, best->stages);
-    if (best->batch == batch && best->context == max_context) p.leaf = best->leaf;  // the mode is size-dependent too
+    if (own_bucket) p.leaf = best->leaf;
     p.source = t == builtin ? "built-in table" : "table";
     return p;
   }
