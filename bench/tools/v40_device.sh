@@ -4,7 +4,8 @@
 # bench/flashinfer/fetch_flashinfer.sh); A/B benches of q4 / q3 in the same run: PDL off (KVPACK_PDL=0), eager launches
 # (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF), 1 / 2 / 4 merge slices (KVPACK_LEAN_MERGE_SLICES), fp8 on
 # its regular vs its opt-in lean kernel (fp8, leanfp8); VARIANTS picks them, FI_BENCH replaces the bench + FlashInfer step's `kvpack bench` options; nsys per-kernel durations if nsys is there; then the
-# DecodeGpu tests and compute-sanitizer with what is left of LIMIT_S (default 570). At most 8 files come back.
+# DecodeGpu tests and compute-sanitizer with what is left of LIMIT_S (default 570); TUNE_GRID (kvpack bench grid
+# options) adds `kvpack tune --every` of TUNE_FORMATS (default q4,q3) and a bench with its table. At most 8 files back.
 source "$(dirname "$0")/device_env.sh" /tmp/v40_out
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 grep -E "lean_(q_prep|kernel|merge)" -A2 "$OUT/build.log" | grep -E "registers|spill" | head -20
@@ -50,6 +51,27 @@ for f in sorted(glob.glob(sys.argv[1] + "/ab_*.json")):
         rows.append(r)
 json.dump(rows, sys.stdout, indent=1)
 EOF
+# Optional: `kvpack tune --every` over TUNE_GRID (q4 / q3: warp-mode split counts and leaf mode), then the bench of
+# that grid with the tuned table beside the default plans.
+if [ -n "${TUNE_GRID:-}" ]; then
+  $K tune --formats ${TUNE_FORMATS:-q4,q3} $TUNE_GRID --every -o "$OUT/tune.json" > "$W/tune.log" 2>&1
+  stamp "tune rc=$?"; grep -v "^  " "$W/tune.log" | tail -40
+  $K bench --formats ${TUNE_FORMATS:-q4,q3} $TUNE_GRID --table "$OUT/tune.json" --json "$W/ab_tuned.json" 2>&1 \
+    | grep -vE " write" > "$W/bench_tuned.log"
+  stamp "bench (tuned table) rc=$?"; cat "$W/bench_tuned.log"
+  python3 - "$W" > "$OUT/ab.json" <<'EOF2'
+import json, sys, glob, os
+rows = []
+for f in sorted(glob.glob(sys.argv[1] + "/ab_*.json")):
+    v = os.path.basename(f)[3:-5]
+    for r in json.load(open(f)):
+        r["variant"] = v
+        rows.append(r)
+json.dump(rows, sys.stdout, indent=1)
+EOF2
+else
+  : > "$W/tune.log"; : > "$W/bench_tuned.log"
+fi
 if command -v nsys > /dev/null || ls /usr/local/cuda/bin/nsys > /dev/null 2>&1; then
   NSYS_BIN=$(command -v nsys || echo /usr/local/cuda/bin/nsys)
   : > "$W/nsys.log"
@@ -79,6 +101,7 @@ stamp "sanitizer done"; grep -E "^==|ERROR SUMMARY|rc=|PASSED|FAILED" "$W/saniti
 { cat "$OUT/env.log"; echo "== build"; grep -E "registers|spill|error" "$OUT/build.log" | head -60;
   echo "== tests_first"; cat "$W/tests_first.log"; echo "== fi stdout"; cat "$W/fi_stdout.log";
   echo "== flashinfer.log"; cat "$W/fi/flashinfer.log" 2>/dev/null; echo "== fi bench.log"; cat "$W/fi/bench.log" 2>/dev/null;
-  echo "== ab"; cat "$W/ab.log"; echo "== nsys"; cat "$W/nsys.log"; echo "== tests_decode"; cat "$W/tests_decode.log";
+  echo "== ab"; cat "$W/ab.log"; echo "== tune"; cat "$W/tune.log"; echo "== bench (tuned)"; cat "$W/bench_tuned.log";
+  echo "== nsys"; cat "$W/nsys.log"; echo "== tests_decode"; cat "$W/tests_decode.log";
   echo "== sanitizer"; cat "$W/sanitizer.log"; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
