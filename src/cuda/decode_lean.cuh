@@ -14,8 +14,8 @@
 // and the output's channel of each accumulator follows the V ones. Each copy instruction of a warp covers whole
 // 32-byte sectors (a 16-byte copy per lane at a 32-byte stride would move every sector twice: v31).
 //
-// Numerical definition (what makes every plan give the same bits): a chunk's partial is a left fold over its eight
-// 64-token leaves, acc = merge(acc, leaf), where a leaf is an online softmax over its two 32-token steps in order;
+// Numerical definition (what makes every plan give the same bits): a chunk's partial is a left fold over its four
+// 128-token leaves, acc = merge(acc, leaf), where a leaf is an online softmax over its four 32-token steps in order;
 // merge() and the leaf arithmetic are fixed, so the partial depends only on the chunk's tokens. The partials go to
 // the workspace slots of the regular kernel and lean_merge_kernel folds them with the same two-level tree (groups
 // of kFoldChunks chunks in order, then the groups in order).
@@ -33,8 +33,12 @@ namespace kvpack::cuda_detail {
 // kLeanWarps (decode_internal.cuh, the planner counts with it): warps per CTA (independent; the CTA only shares the
 // SM's shared memory and, for q4 / q3, its (sequence, kv head) and the scale table).
 constexpr int kLeanStepTok = 32; // tokens per step: two 16-token units
-// Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more, so a warp's
-// ring also holds its two leaves at its smaller steps), its 16-byte copies per lane and step (fp8: 2 tokens x 32
+constexpr int kChunkSteps = kChunkTokens / kLeanStepTok;  // 16
+// A leaf (the unit of the fixed fold order) is 4 steps = 128 tokens, a chunk 4 leaves: leaf mode's 4 warps compute
+// one leaf each (v42; before, 64-token leaves, 2 per warp).
+constexpr int kLeafSteps = kChunkSteps / kLeanWarps;
+static_assert(kLeafSteps * kLeanWarps == kChunkSteps && kLeafSteps == 4, "a chunk is kLeanWarps leaves of 4 steps");
+// Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more), its 16-byte copies per lane and step (fp8: 2 tokens x 32
 // channels or 16 channels x 4 tokens = 64 bytes per unit, K and V; q4 / q3: the step's 4 units of 2 QB D bytes), and
 // the q formats' extra shared memory (the 256 scales tau(e); the query is prepared by lean_q_prep_kernel).
 template <int D, int QB>
@@ -48,7 +52,7 @@ struct LeanGeo {
   static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
   static constexpr size_t kSmem = kRingBytes + (kQ ? 256 * sizeof(float) : 0);
   static_assert(kPieces * 32 * 16 == 4 * kUnitBytes, "a step is whole 16-byte copies of every lane");
-  static_assert(size_t(2) * kLeafVals * 32 * 4 <= size_t(kStages) * kStageBytes, "leaves fit a warp's ring");
+  static_assert(size_t(kLeafVals) * 32 * 4 <= size_t(kStages) * kStageBytes, "a leaf fits a warp's ring");
 };
 
 __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
@@ -124,7 +128,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 
 // splits >= 1: warp mode, grid (ceil(H * splits / kLeanWarps), batch): warp -> (kv head, split), chunks split,
 // split + splits, ... of its sequence. splits == 0: leaf mode (small problems), grid (H * max_chunks, batch): CTA ->
-// (kv head, chunk); warp w computes leaves 2w and 2w + 1 of the chunk, and warp 0 folds the 8 leaves in order with
+// (kv head, chunk); warp w computes leaf w of the chunk (its steps 4w .. 4w + 3), and warp 0 folds the 4 leaves in order with
 // the same per-lane arithmetic as warp mode, so both modes give the same bits.
 //
 // q4 / q3 (QB = 4, 3): the codes are f16 subnormals after one AND (block/q_lanes.h), so the query fragment of channel c
@@ -230,67 +234,71 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
       static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * kLeanStages * kLeanStageBytes + lane * 16;
   const int64_t page_stride = int64_t{H} * p.head_block_bytes;
   const uint8_t* k_head = p.k_pool + int64_t{h} * p.head_block_bytes;
-  const uint8_t* v_head = p.v_pool + int64_t{h} * p.head_block_bytes;
+  // V's unit = K's unit + this (the pools share one layout: same page, same head, same token offset).
+  const int64_t vk_delta = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v_pool) - reinterpret_cast<uintptr_t>(p.k_pool));
+  constexpr int kTokBytes = kLaneQ ? QB * D / 8 : D;  // bytes per token of one head's K (or V) in a page
   bool bad_page = false;
-  // Step i of this warp: warp mode: chunk split + (i / 16) * splits, its 32-token step i % 16; leaf mode: steps
-  // 4 warp + i (i < 4) of chunk `split`.
-  auto chunk_of = [&](int i) -> int64_t { return leaf_mode ? split : split + int64_t{i / 16} * splits; };
-  auto step_in_chunk = [&](int i) -> int { return leaf_mode ? 4 * warp + i : i % 16; };
-  auto step_start = [&](int i) -> int64_t {
-    if (leaf_mode && i >= 4) return INT64_MAX;
-    return chunk_of(i) * kChunkTokens + int64_t{step_in_chunk(i)} * kLeanStepTok;
-  };
+  // The warp's steps (32 tokens each): chunks split, split + cstride, ... (leaf mode: chunk `split` only), steps
+  // [s_begin, s_end) of each (warp mode: all 16; leaf mode: leaf `warp`, kLeafSteps steps). Positions are int:
+  // plan_decode bounds max_context by 2^30 and seq_len_of clamps to it.
+  const int s_begin = leaf_mode ? kLeafSteps * warp : 0;
+  const int s_end = leaf_mode ? s_begin + kLeafSteps : kChunkSteps;
+  const int cstride = leaf_mode ? n_chunks : splits;
+  const int len32 = static_cast<int>(len);
   // KVPACK_LEAN_KROWS: this lane's K copy k of a unit lands in reader lane (4 (k % 2) + lane / 8) * 4 + col % 4,
   // piece 2 (k / 2) + col / 4 (col = lane % 8): the lane-dependent part of that slot address, relative to `ring`.
   const int krows_col = lane % 8;
   const uint32_t krows_dst =
       uint32_t(((krows_col / 4) * 32 + (lane / 8) * 4 + krows_col % 4) * 16) - uint32_t(lane * 16);
-  // The page ids of the chunk being issued, one per lane (a chunk spans 512 / page_size <= 32 pages), loaded once
-  // per chunk: a dependent page-table load per unit stalled every step (v32).
-  // (v40: loading the next chunk's ids one chunk ahead measured the same, within 1%, and was dropped.)
-  int64_t pg_chunk = -1;
-  int my_pg = 0;
-  auto issue = [&](int i) {
-    const int64_t t0 = step_start(i);
-    if (t0 < len) {
-      if (chunk_of(i) != pg_chunk) {
-        pg_chunk = chunk_of(i);
-        const int64_t tp = (t0 & ~int64_t{kChunkTokens - 1}) + (int64_t{lane} << p.page_shift);
-        my_pg = lane < (kChunkTokens >> p.page_shift) && tp < len ? p.table.pages[row + (tp >> p.page_shift)] : 0;
+  // v42: lane j holds the K address of unit j (16 tokens) of the chunk being issued, page checked, computed once per
+  // chunk (a chunk is 32 units); a step's two units come from two lanes by shuffle. (Before, every step redid the
+  // page lookup, the page check and the 64-bit address arithmetic of both units: ~200 of a q3 step's ~800
+  // instructions, bench/NOTES.md v42.)
+  int unit_chunk = -1;
+  const uint8_t* unit_k = k_head;
+  int ic = split, is = s_begin;  // the next step to issue
+  int slot_i = 0;                // its ring slot
+  auto issue = [&] {
+    const int t0 = ic * kChunkTokens + is * kLeanStepTok;
+    if (ic < n_chunks && t0 < len32) {
+      if (ic != unit_chunk) {
+        unit_chunk = ic;
+        const int tu = ic * kChunkTokens + 16 * lane;  // a 16-token unit never crosses a page (pages hold >= 16)
+        int page = 0;
+        if (tu < len32) {
+          page = p.table.pages[row + (tu >> p.page_shift)];
+          if (page < 0 || page >= p.num_pages) {
+            bad_page = true;
+            page = 0;
+          }
+        }
+        unit_k = k_head + int64_t{page} * page_stride + (tu & (p.page_size - 1)) * kTokBytes;
       }
-      const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
-      const uint8_t *qk0 = nullptr, *qv0 = nullptr, *qk1 = nullptr, *qv1 = nullptr;  // q3: the step's units
+      const uint32_t st = ring + slot_i * kLeanStageBytes;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const int64_t tu = t0 + 16 * u;  // a 16-token unit never crosses a page (pages hold >= 16 tokens)
-        const int rem = static_cast<int>(min(len - tu, int64_t{16}));  // tokens of the unit inside the sequence
-        int page = __shfl_sync(0xffffffffu, my_pg, static_cast<int>((tu & (kChunkTokens - 1)) >> p.page_shift));
-        if (rem <= 0) page = 0;
-        if (page < 0 || page >= p.num_pages) {
-          bad_page = true;
-          page = 0;
-        }
-        // fp8: token-major rows of D bytes; q4 / q3: units of 2 QB D bytes (QB D / 8 per token).
-        const int64_t unit_off = int64_t{page} * page_stride + int64_t(tu & (p.page_size - 1)) * (kLaneQ ? QB * D / 8 : D);
-        const uint8_t* kb = k_head + unit_off;
-        const uint8_t* vb = v_head + unit_off;
-        if constexpr (QB == 3) {
-          (u ? qk1 : qk0) = kb;
-          (u ? qv1 : qv0) = vb;
-          continue;
-        }
+        const uint8_t* kb = reinterpret_cast<const uint8_t*>(
+            __shfl_sync(0xffffffffu, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(unit_k)), 2 * is + u));
         if constexpr (kLaneQ) {
-          // Lane layout: piece pc of every lane is 512 contiguous bytes. Tokens past the sequence's end are read as
-          // they are (codes are always finite; their scores are masked, their weights 0), so no bounds.
-          constexpr int kUP = Geo::kUnitBytes / (32 * 16);  // pieces per lane and unit
+          // Lane layout: a unit's bytes land in the ring as they are in the page (K unit, then V unit), lane-strided
+          // 16-byte copies (q4: each lane's own pieces; q3: read word-major by every lane, hence its __syncwarp).
+          // Tokens past the sequence's end are read as they are (codes are always finite; their scores are masked,
+          // their weights 0), so no bounds.
+          constexpr int kUC = Geo::kUnitBytes / 16;  // 16-byte chunks per unit
+          const uint8_t* kl = kb + lane * 16;
+          const uint8_t* vl = kl + vk_delta;
           const uint32_t su = st + u * 2 * Geo::kUnitBytes;
 #pragma unroll
-          for (int pc = 0; pc < kUP; ++pc) lean_cp16_full(su + pc * 32 * 16, kb + (pc * 32 + lane) * 16);
-#pragma unroll
-          for (int pc = 0; pc < kUP; ++pc)
-            lean_cp16_full(su + Geo::kUnitBytes + pc * 32 * 16, vb + (pc * 32 + lane) * 16);
+          for (int j = 0; j < (kUC + 31) / 32; ++j)
+            if (kUC % 32 == 0 || lane + 32 * j < kUC) {
+              lean_cp16_full(su + j * 32 * 16, kl + j * 32 * 16);
+              lean_cp16_full(su + Geo::kUnitBytes + j * 32 * 16, vl + j * 32 * 16);
+            }
           continue;
         }
+        const int tu = t0 + 16 * u;
+        const int rem = min(len32 - tu, 16);  // tokens of the unit inside the sequence (<= 0: page 0, all zero-filled)
+        const uint8_t* vb = kb + vk_delta;
         if (rem >= 16) {
           // A whole unit (every step but the sequence's last): no bounds, per-lane offsets fixed, piece offsets
           // immediate.
@@ -339,22 +347,15 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
           lean_cp16(st + ((u * 8 + 4 + j) * 32) * 16, vb + tok * D + 16 * g, tok < rem);
         }
       }
-      if constexpr (QB == 3) {
-        // q3: the step's 4 units copied whole, 16 bytes per lane and copy (chunk c = lane + 32 k of [u][K|V][unit]);
-        // every lane then reads its words from all of them (a __syncwarp orders the copies and the reads).
-        constexpr int kUC = Geo::kUnitBytes / 16;  // 16-byte chunks per unit
-#pragma unroll
-        for (int k = 0; k < Geo::kPieces; ++k) {
-          const int c = lane + 32 * k, u = c / (2 * kUC), kv = (c / kUC) % 2;
-          const uint8_t* src = u ? (kv ? qv1 : qk1) : (kv ? qv0 : qk0);  // selects, not a local array
-          lean_cp16_full(st + k * 32 * 16, src + (c % kUC) * 16);
-        }
-      }
     }
     asm volatile("cp.async.commit_group;\n" ::);
+    if (++is == s_end) {
+      is = s_begin;
+      ic += cstride;
+    }
+    if (++slot_i == kLeanStages) slot_i = 0;
   };
-
-  // Leaf (current 64 tokens) state and chunk accumulator; per lane: heads 2q, 2q + 1; rows / channels as above.
+  // Leaf (current 128 tokens) state and chunk accumulator; per lane: heads 2q, 2q + 1; rows / channels as above.
   float o[kKB][4], co[kKB][4];
   float m0, m1, l0, l1, cm0, cm1, cl0, cl1;
   float t0s = 0.f, t1s = 0.f, ct0 = 0.f, ct1 = 0.f;  // q4 / q3: L_tau of the leaf and of the chunk, heads 2q, 2q + 1
@@ -443,7 +444,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   };
 
 #pragma unroll
-  for (int i = 0; i < kLeanStages - 1; ++i) issue(i);
+  for (int i = 0; i < kLeanStages - 1; ++i) issue();
   if constexpr (kLaneQ) {
     // The prepared query (lean_q_prep_kernel's fragment order: lane (g, q)'s 2 kKB words contiguous, then the 8
     // heads' (2^-E, q'.o, q.mu)); with PDL this is the first read that depends on the prep kernel.
@@ -463,17 +464,18 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   }
   reset_leaf();
   reset_chunk();
-  for (int i = 0;; ++i) {
-    const int64_t t0 = step_start(i);
-    if (t0 >= len) break;
+  int cc = split, cs = s_begin, slot_c = 0;  // the step to compute, its ring slot
+  for (;;) {
+    const int t0 = cc * kChunkTokens + cs * kLeanStepTok;
+    if (cc >= n_chunks || t0 >= len32) break;
     // Lanes that read each other's copies (q3; fp8 with KVPACK_LEAN_KROWS): every lane has read the slot the next
     // copies refill, and (after the wait) the other lanes' copies have landed.
     const bool shared_slots = QB == 3 || krows;
     if (shared_slots) __syncwarp();
-    issue(i + kLeanStages - 1);
+    issue();
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kLeanStages - 1));
     if (shared_slots) __syncwarp();
-    const uint32_t st = ring + (i % kLeanStages) * kLeanStageBytes;
+    const uint32_t st = ring + slot_c * kLeanStageBytes;
     const uint32_t st_base = st - lane * 16;  // the stage's first byte (q: units [u][K|V])
     float sc[2][4];
     // ---- scores of the step's two units ----
@@ -495,8 +497,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
         for (int kb = 0; kb < kKB; ++kb)  // groups 2 kb (a0: token g, a1: token g + 8) and 2 kb + 1 (a2, a3)
           mma_f16_full(c, lean_q_pair<LK>(k0, s0, 2 * kb), lean_q_pair<LK>(k8, s8, 2 * kb),
                        lean_q_pair<LK>(k0, s0, 2 * kb + 1), lean_q_pair<LK>(k8, s8, 2 * kb + 1), qb[kb][0], qb[kb][1]);
-        const int64_t ta = t0 + 16 * u + g;
-        const bool v0 = ta < len && ta >= n_sink, v8 = ta + 8 < len && ta + 8 >= n_sink;
+        const int ta = t0 + 16 * u + g;
+        const bool v0 = ta < len32 && ta >= n_sink, v8 = ta + 8 < len32 && ta + 8 >= n_sink;
         sc[u][0] = v0 ? fmaf(tk0, fmaf(c[0], un0, -qo0), cz0) : -INFINITY;
         sc[u][1] = v0 ? fmaf(tk0, fmaf(c[1], un1, -qo1), cz1) : -INFINITY;
         sc[u][2] = v8 ? fmaf(tk8, fmaf(c[2], un0, -qo0), cz0) : -INFINITY;
@@ -516,11 +518,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
       for (int kb = 0; kb < 8; ++kb)
         mma_f16_full(c, lean_e4m3x2(kw[kb]), lean_e4m3x2(kw[8 + kb]), lean_e4m3x2(kw[kb] >> 16),
                  lean_e4m3x2(kw[8 + kb] >> 16), qb[kb][0], qb[kb][1]);
-      const int64_t ta = t0 + 16 * u + g;
-      sc[u][0] = ta < len ? c[0] * qe0 : -INFINITY;
-      sc[u][1] = ta < len ? c[1] * qe1 : -INFINITY;
-      sc[u][2] = ta + 8 < len ? c[2] * qe0 : -INFINITY;
-      sc[u][3] = ta + 8 < len ? c[3] * qe1 : -INFINITY;
+      const int ta = t0 + 16 * u + g;
+      sc[u][0] = ta < len32 ? c[0] * qe0 : -INFINITY;
+      sc[u][1] = ta < len32 ? c[1] * qe1 : -INFINITY;
+      sc[u][2] = ta + 8 < len32 ? c[2] * qe0 : -INFINITY;
+      sc[u][3] = ta + 8 < len32 ? c[3] * qe1 : -INFINITY;
     }
     // ---- online softmax of the leaf over this step ----
     float mx0 = fmaxf(m0, fmaxf(fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[1][0], sc[1][2])));
@@ -531,22 +533,25 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
     }
     const float r0 = mx0 == -INFINITY ? 0.f : mx0, r1 = mx1 == -INFINITY ? 0.f : mx1;
-    const float al0 = lean_ex2(m0 - r0), al1 = lean_ex2(m1 - r1);
+    if (cs % kLeafSteps != 0) {
+      // Rescale the leaf's sums to the new max. A leaf's first step skips it: its sums are still zero (x 0 = 0).
+      const float al0 = lean_ex2(m0 - r0), al1 = lean_ex2(m1 - r1);
+      l0 *= al0;
+      l1 *= al1;
+      if constexpr (kLaneQ) {
+        t0s *= al0;
+        t1s *= al1;
+      }
+#pragma unroll
+      for (int mb = 0; mb < kKB; ++mb) {
+        o[mb][0] *= al0;
+        o[mb][1] *= al1;
+        o[mb][2] *= al0;
+        o[mb][3] *= al1;
+      }
+    }
     m0 = mx0;
     m1 = mx1;
-    l0 *= al0;
-    l1 *= al1;
-    if constexpr (kLaneQ) {
-      t0s *= al0;
-      t1s *= al1;
-    }
-#pragma unroll
-    for (int mb = 0; mb < kKB; ++mb) {
-      o[mb][0] *= al0;
-      o[mb][1] *= al1;
-      o[mb][2] *= al0;
-      o[mb][3] *= al1;
-    }
     // ---- P.V ----
     if constexpr (kLaneQ) {
 #pragma unroll
@@ -601,77 +606,67 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
                  lean_e4m3x2(b_hi >> 16), b0, b1);
       }
     }
-    // ---- leaf / chunk boundaries (a leaf is 2 steps; the sequence's last chunk may end early) ----
-    const int k = step_in_chunk(i);
-    const bool last = t0 + kLeanStepTok >= len;
-    if (leaf_mode) {
-      // Leaf 2w ends at i = 1 (or where the sequence ends): kept in the chunk registers; leaf 2w + 1 stays in o.
-      if (i <= 1 && (i == 1 || last)) {
-#pragma unroll
-        for (int mb = 0; mb < kKB; ++mb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) co[mb][e] = o[mb][e];
-        cm0 = m0, cm1 = m1, cl0 = l0, cl1 = l1;
-        ct0 = t0s, ct1 = t1s;
+    // ---- leaf / chunk boundaries (a leaf is kLeafSteps steps; the sequence's last chunk may end early) ----
+    const bool last = t0 + kLeanStepTok >= len32;
+    if (!leaf_mode) {  // leaf mode: the warp's one leaf stays in o, m, l (folded after the loop)
+      const bool chunk_end = cs == kChunkSteps - 1 || last;
+      if (cs % kLeafSteps == kLeafSteps - 1 || chunk_end) {
+        fold_leaf();
         reset_leaf();
       }
-      continue;
+      if (chunk_end) {
+        store_chunk(cc);
+        reset_chunk();
+        if (last) break;  // that was the sequence's last chunk
+      }
     }
-    const bool chunk_end = k == 15 || last;
-    if (k % 2 == 1 || chunk_end) {
-      fold_leaf();
-      reset_leaf();
+    if (++cs == s_end) {
+      cs = s_begin;
+      cc += cstride;
     }
-    if (chunk_end) {
-      store_chunk(chunk_of(i));
-      reset_chunk();
-      if (k != 15) break;  // that was the sequence's last chunk
-    }
+    if (++slot_c == kLeanStages) slot_c = 0;
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
   if (bad_page && p.status) atomicOr(p.status, 1);
   if (leaf_mode) {
-    // Each warp's two leaves into its own (drained) ring, [leaf][kLeafVals values][lane]; then warp 0 folds leaves
-    // 0..7.
+    // Each warp's leaf into its own (drained) ring, [kLeafVals values][lane]; then warp 0 folds leaves 0..3 in order
+    // with warp mode's arithmetic.
     constexpr int NV = Geo::kLeafVals, NO = 4 * kKB;
+    static_assert(NV * 32 * 4 <= size_t(kLeanStages) * kLeanStageBytes, "a leaf fits a warp's ring");
     __syncwarp();  // every lane's copies have landed before any lane overwrites the ring
     float* lw = reinterpret_cast<float*>(smem + size_t(warp) * kLeanStages * kLeanStageBytes);
-    auto put = [&](int j, const float (&oo)[kKB][4], float a0, float a1, float b0, float b1, float c0, float c1) {
 #pragma unroll
-      for (int mb = 0; mb < kKB; ++mb)
+    for (int mb = 0; mb < kKB; ++mb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) lw[(j * NV + 4 * mb + e) * 32 + lane] = oo[mb][e];
-      lw[(j * NV + NO) * 32 + lane] = a0;
-      lw[(j * NV + NO + 1) * 32 + lane] = a1;
-      lw[(j * NV + NO + 2) * 32 + lane] = b0;
-      lw[(j * NV + NO + 3) * 32 + lane] = b1;
-      if constexpr (kLaneQ) {
-        lw[(j * NV + NO + 4) * 32 + lane] = c0;
-        lw[(j * NV + NO + 5) * 32 + lane] = c1;
-      }
-    };
-    put(0, co, cm0, cm1, cl0, cl1, ct0, ct1);
-    put(1, o, m0, m1, l0, l1, t0s, t1s);
+      for (int e = 0; e < 4; ++e) lw[(4 * mb + e) * 32 + lane] = o[mb][e];
+    lw[NO * 32 + lane] = m0;
+    lw[(NO + 1) * 32 + lane] = m1;
+    lw[(NO + 2) * 32 + lane] = l0;
+    lw[(NO + 3) * 32 + lane] = l1;
+    if constexpr (kLaneQ) {
+      lw[(NO + 4) * 32 + lane] = t0s;
+      lw[(NO + 5) * 32 + lane] = t1s;
+    }
     __syncthreads();
     if (warp != 0) return;
     reset_chunk();
 #pragma unroll 1
-    for (int leaf = 0; leaf < 8; ++leaf) {
-      const float* src = reinterpret_cast<const float*>(smem + size_t(leaf / 2) * kLeanStages * kLeanStageBytes);
-      const int j = leaf % 2;
+    for (int leaf = 0; leaf < kLeanWarps; ++leaf) {
+      const float* src = reinterpret_cast<const float*>(smem + size_t(leaf) * kLeanStages * kLeanStageBytes);
 #pragma unroll
       for (int mb = 0; mb < kKB; ++mb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[mb][e] = src[(j * NV + 4 * mb + e) * 32 + lane];
-      m0 = src[(j * NV + NO) * 32 + lane];
-      m1 = src[(j * NV + NO + 1) * 32 + lane];
-      l0 = src[(j * NV + NO + 2) * 32 + lane];
-      l1 = src[(j * NV + NO + 3) * 32 + lane];
+        for (int e = 0; e < 4; ++e) o[mb][e] = src[(4 * mb + e) * 32 + lane];
+      m0 = src[NO * 32 + lane];
+      m1 = src[(NO + 1) * 32 + lane];
+      l0 = src[(NO + 2) * 32 + lane];
+      l1 = src[(NO + 3) * 32 + lane];
       if constexpr (kLaneQ) {
-        t0s = src[(j * NV + NO + 4) * 32 + lane];
-        t1s = src[(j * NV + NO + 5) * 32 + lane];
+        t0s = src[(NO + 4) * 32 + lane];
+        t1s = src[(NO + 5) * 32 + lane];
       }
-      // Leaves past the sequence's end (all heads -inf) are skipped, as warp mode never reaches them.
+      // Leaves past the sequence's end (all heads -inf) are skipped, as warp mode never reaches them (folding one
+      // would change nothing: its weight ex2(-inf) is 0 and the accumulator's ex2(0) is 1).
       if (m0 == -INFINITY && m1 == -INFINITY) continue;
       fold_leaf();
     }
