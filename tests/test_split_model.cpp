@@ -65,6 +65,36 @@ TEST(WaveModelSplits, LeanKernelStepsByFourWarps) {
     }
 }
 
+// The lean kernel's default plan (v43), against what kvpack tune --every measured on an H100 (v41: 132 SMs x 3 CTAs
+// x 4 warps = 1,584 warp slots): leaf mode where it won (batch 1 x 32k of 32q/8kv: 512 chunk-warps; 8q/1kv batch 1 x
+// 128k: 256), one warp per chunk where leaf mode lost (32q/8kv batch 1 x 128k and 8q/1kv batch 8 x 128k: 2,048).
+TEST(LeanDefaultPlan, LeafModeOnlyBelowOneWaveOfChunkWarps) {
+  constexpr int64_t kWarpSlots = 132 * 3 * 4;
+  EXPECT_TRUE(lean_default_leaf(1 * 8, chunks_of(32768), kWarpSlots));
+  EXPECT_TRUE(lean_default_leaf(1 * 1, chunks_of(131072), kWarpSlots));
+  EXPECT_TRUE(lean_default_leaf(8 * 1, chunks_of(32768), kWarpSlots));
+  EXPECT_FALSE(lean_default_leaf(1 * 8, chunks_of(131072), kWarpSlots));
+  EXPECT_FALSE(lean_default_leaf(8 * 1, chunks_of(131072), kWarpSlots));
+  EXPECT_FALSE(lean_default_leaf(64 * 8, chunks_of(8192), kWarpSlots));
+  EXPECT_FALSE(lean_default_leaf(1, kWarpSlots, kWarpSlots));
+  EXPECT_TRUE(lean_default_leaf(1, kWarpSlots - 1, kWarpSlots));
+  EXPECT_THROW(lean_default_leaf(0, 1, 1), Error);
+  EXPECT_THROW(lean_default_leaf(1, 1, 0), Error);
+}
+TEST(LeanDefaultPlan, OneWarpPerChunkInWholeCtas) {
+  EXPECT_EQ(lean_default_splits(chunks_of(131072)), 256);
+  EXPECT_EQ(lean_default_splits(chunks_of(32768)), 64);
+  EXPECT_EQ(lean_default_splits(1), kLeanCtaWarps);
+  EXPECT_EQ(lean_default_splits(5), 8);
+  for (int64_t chunks = 1; chunks <= 300; ++chunks) {
+    const int s = lean_default_splits(chunks);
+    EXPECT_EQ(s % kLeanCtaWarps, 0);
+    EXPECT_GE(s, chunks);
+    EXPECT_LT(s, chunks + kLeanCtaWarps);
+  }
+  EXPECT_THROW(lean_default_splits(0), Error);
+}
+
 TEST(WaveModelSplits, RejectsEmptyWork) {
   EXPECT_THROW(wave_model_splits(0, 1, 1), Error);
   EXPECT_THROW(wave_model_splits(1, 0, 1), Error);

@@ -3,7 +3,7 @@
 # bench of fp8, q4, q3 with FlashInfer's fp8 decode in the same run (carry [".whl"] from
 # bench/flashinfer/fetch_flashinfer.sh); A/B benches of q4 / q3 in the same run: PDL off (KVPACK_PDL=0), eager launches
 # (--eager), leaf mode forced off / on (KVPACK_LEAN_LEAF), 1 / 2 / 4 merge slices (KVPACK_LEAN_MERGE_SLICES), fp8 on
-# its regular vs its opt-in lean kernel (fp8, leanfp8); VARIANTS picks them, FI_BENCH replaces the bench + FlashInfer step's `kvpack bench` options; nsys per-kernel durations if nsys is there; then the
+# its regular vs its opt-in lean kernel (fp8, leanfp8), the lean default plans before v43 (rule0); VARIANTS picks them, FI_BENCH replaces the bench + FlashInfer step's `kvpack bench` options; nsys per-kernel durations if nsys is there; then the
 # DecodeGpu tests and compute-sanitizer with what is left of LIMIT_S (default 570); TUNE_GRID (kvpack bench grid
 # options) adds `kvpack tune --every` of TUNE_FORMATS (default q4,q3) and a bench with its table. At most 8 files back.
 source "$(dirname "$0")/device_env.sh" /tmp/v40_out
@@ -36,6 +36,7 @@ for v in ${VARIANTS:-default pdl0 eager leaf0 leaf1}; do
     slices4) env=(KVPACK_LEAN_MERGE_SLICES=4) ; extra=() ;;
     fp8) env=() ; extra=() ; fmts=fp8 ;;                    # fp8 on the regular kernel ...
     leanfp8) env=(KVPACK_LEAN_FP8=1) ; extra=() ; fmts=fp8 ;;  # ... against its opt-in lean kernel
+    rule0) env=(KVPACK_LEAN_RULE=0) ; extra=() ;;            # the lean default plans before v43
   esac
   echo "== $v" >> "$W/ab.log"
   env "${env[@]}" $K bench --formats $fmts $GRID "${extra[@]}" --json "$W/ab_$v.json" 2>&1 | grep -vE " write" >> "$W/ab.log"

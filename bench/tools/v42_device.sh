@@ -35,6 +35,29 @@ for r in $(seq 1 ${ROUNDS:-2}); do
   done
 done
 stamp "A/B done"
+python3 - "$W" > "$OUT/ab.json" <<'PY'
+import json, sys, glob, os
+rows = []
+for f in sorted(glob.glob(sys.argv[1] + "/ab_*.json")):
+    v, r = os.path.basename(f)[3:-5].split("_")
+    for x in json.load(open(f)):
+        x["variant"], x["round"] = v, int(r)
+        rows.append(x)
+json.dump(rows, sys.stdout, indent=1)
+PY
+python3 - "$OUT/ab.json" <<'PY' | tee "$W/ab_summary.txt"
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1])) if r.get("kind", "decode") == "decode"]
+key = lambda r: (r["format"], r["num_qo_heads"], r["num_kv_heads"], r["batch"], r["context"])
+best = {}
+for r in rows:
+    best.setdefault((key(r), r["variant"]), []).append(r["median_us"])
+print(f"{'format':6} {'shape':8} {'batch':>5} {'ctx':>7} {'base us':>9} {'new us':>9} {'base/new':>8}  (min over rounds)")
+for k in sorted({key(r) for r in rows}, key=lambda k: (k[0], -k[1], k[3], k[4])):
+    a, b = best.get((k, "base")), best.get((k, "new"))
+    if a and b:
+        print(f"{k[0]:6} {k[1]}q/{k[2]}kv {k[3]:5} {k[4]:7} {min(a):9.1f} {min(b):9.1f} {min(a) / min(b):8.3f}")
+PY
 left() { echo $(( ${LIMIT_S:-570} - ($(date +%s) - t0) )); }
 S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 { echo "== memcheck"; timeout 90 $S --tool memcheck --error-exitcode 9 $T \

@@ -23,6 +23,9 @@ namespace kvpack {
 inline constexpr int kChunkTokens = 512;
 // Chunks per fold group of the two-level merge (see above). Also part of the numerical definition of the output.
 inline constexpr int kFoldChunks = 16;
+// Warps per CTA of the lean decode kernel (q4 / q3): a chunk is that many 128-token leaves (leaf mode gives each
+// warp one), and warp mode's split counts are multiples of it.
+inline constexpr int kLeanCtaWarps = 4;
 
 // Write new K/V tokens (bf16, as the model produced them) into their slots.
 struct WriteArgs {
@@ -127,6 +130,14 @@ struct TuningTable {
 // multiples of `step` (the lean kernel: warps per (sequence, kv head), a multiple of its 4 warps per CTA, with
 // `slots` counted in warps). Host code.
 int wave_model_splits(int64_t units, int64_t chunks, int64_t slots, int step = 1);
+// The lean kernel's default configuration (q4 / q3 without a tuned entry; bench/NOTES.md v43): leaf mode (one CTA
+// of 4 warps per chunk) when one warp per chunk, units x chunks warps, would not fill the GPU's `warp_slots` (SMs x
+// resident CTAs x 4) once; else warp mode with one warp per chunk: lean_default_splits(chunks) warps per (sequence,
+// kv head), `chunks` rounded up to the CTA's 4 warps. Measured (v41, H100, kvpack tune --every over 24 cells): one
+// warp per chunk was within 1% of the best split count of every warp-mode cell, where the wave model's choice was
+// up to 4% slower, and leaf mode lost by 8-25% once one warp per chunk filled the GPU. Host code.
+bool lean_default_leaf(int64_t units, int64_t chunks, int64_t warp_slots);
+int lean_default_splits(int64_t chunks);
 // The decode kernel a format runs on: "lean" (q4, q3: their lane layout has no other reader) or "regular". Host code.
 const char* decode_kernel_name(Format f);
 // The lean merge kernel's slices (fold groups folded at once; 1, 2 or 4, same bits for every count): the largest
@@ -144,7 +155,7 @@ const TuningTable* builtin_tuning_table(const std::string& gpu_name);
 // Host only; never touches the device except to read the SM count and name once (cached). A table whose gpu/version
 // do not match the running ones (or none), or that has no entry for the shape (TuningTable::find), gives way to the
 // built-in table of the running GPU when there is one, else to the fallback (3 stages, splits from
-// wave_model_splits; q4 / q3: the lean kernel's warps per (sequence, kv head) from its own occupancy).
+// wave_model_splits; q4 / q3: lean_default_splits, one warp per chunk, and the launcher's lean_default_leaf).
 DecodePlan plan_decode(const DecodeShape& shape, int batch, int64_t max_context, const TuningTable* table = nullptr);
 // The fallback configuration alone, whatever tables exist (what a GPU without a table gets; `kvpack bench --table
 // fallback` compares it with the tuned plans).

@@ -27,6 +27,17 @@ int wave_model_splits(int64_t units, int64_t chunks, int64_t slots, int step) {
   return static_cast<int>(best);
 }
 
+bool lean_default_leaf(int64_t units, int64_t chunks, int64_t warp_slots) {
+  KVPACK_CHECK(units >= 1 && chunks >= 1 && warp_slots >= 1,
+               "lean_default_leaf: units {}, chunks {}, warp_slots {} must be >= 1", units, chunks, warp_slots);
+  return units * chunks < warp_slots;
+}
+
+int lean_default_splits(int64_t chunks) {
+  KVPACK_CHECK(chunks >= 1 && chunks <= (int64_t{1} << 21), "lean_default_splits: chunks {} out of range", chunks);
+  return static_cast<int>((chunks + kLeanCtaWarps - 1) / kLeanCtaWarps * kLeanCtaWarps);
+}
+
 const char* decode_kernel_name(Format f) { return lane_bits(f) ? "lean" : "regular"; }
 
 int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&ctas_per_sm)[3], int forced) {

@@ -24,6 +24,10 @@ bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, in
 }  // namespace kvpack::cuda_detail
 
 namespace kvpack {
+int lean_env_rule() {
+  static const int rule = cuda_detail::lean_env_int("KVPACK_LEAN_RULE", 1);
+  return rule;
+}
 int lean_ctas_per_sm(Format f, int head_dim) {
   using namespace cuda_detail;
   int n = 0;

@@ -999,13 +999,17 @@ template <int D, int QB>
 inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
   using Geo = LeanGeo<D, QB>;
   lean_prepare<D, QB>();
-  // Leaf mode: the plan's (DecodePlan::leaf: a tuned entry's, or the caller's), else the rule: leaf mode when one warp
-  // per chunk would give fewer than two waves of 8 warps per SM. KVPACK_LEAN_LEAF=0 / 1 overrides both
-  // (measurement). The choice depends on the plan only, and both modes give the same bits.
+  // Leaf mode: the plan's (DecodePlan::leaf: a tuned entry's, or the caller's), else the rule lean_default_leaf (host
+  // code, split_model.cpp): leaf mode when one warp per chunk would not fill the GPU's warp slots once
+  // (KVPACK_LEAN_RULE=0: v42's rule, fewer chunk-warps than two waves of 8 warps per SM). KVPACK_LEAN_LEAF=0 / 1
+  // overrides all (measurement). The choice depends on the plan only, and both modes give the same bits.
   static const int leaf_env = lean_env_int("KVPACK_LEAN_LEAF", -1);
-  const bool leaf = leaf_env >= 0 ? leaf_env != 0
-                    : kp.leaf >= 0 ? kp.leaf != 0
-                                   : int64_t{batch} * kp.num_kv_heads * kp.max_chunks < int64_t{2} * device_sm_count() * 8;
+  const int64_t chunk_warps = int64_t{batch} * kp.num_kv_heads * kp.max_chunks;
+  const bool rule_leaf = lean_env_rule() == 0
+                             ? chunk_warps < int64_t{2} * device_sm_count() * 8
+                             : lean_default_leaf(int64_t{batch} * kp.num_kv_heads, kp.max_chunks,
+                                                 int64_t{device_sm_count()} * lean_prepare<D, QB>() * kLeanWarps);
+  const bool leaf = leaf_env >= 0 ? leaf_env != 0 : kp.leaf >= 0 ? kp.leaf != 0 : rule_leaf;
   // q4 / q3: a CTA's 4 warps share one (sequence, kv head): splits a multiple of 4.
   const int splits = leaf ? 0 : lean_splits<QB>(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;

@@ -67,8 +67,12 @@ int model_splits(const DecodeShape& s, int batch, int64_t max_context, int stage
   const int64_t units = std::max<int64_t>(1, int64_t{batch} * s.num_kv_heads);
   const int64_t chunks = (max_context + kChunkTokens - 1) / kChunkTokens;
   if (lane_bits(s.format)) {  // the lean kernel: warps per (sequence, kv head), in CTAs of kLeanWarps
-    const int64_t warp_slots = int64_t{device_sm_count()} * lean_ctas_per_sm(s.format, s.head_dim) * kLeanWarps;
-    return wave_model_splits(units, chunks, warp_slots, kLeanWarps);
+    // KVPACK_LEAN_RULE=0: v42's wave model (measurement only).
+    if (lean_env_rule() == 0) {
+      const int64_t warp_slots = int64_t{device_sm_count()} * lean_ctas_per_sm(s.format, s.head_dim) * kLeanWarps;
+      return wave_model_splits(units, chunks, warp_slots, kLeanWarps);
+    }
+    return lean_default_splits(chunks);
   }
   const int64_t slots = int64_t{device_sm_count()} * decode_ctas_per_sm(s.format, s.head_dim, group, stages);
   return wave_model_splits(units, chunks, slots);
