@@ -40,7 +40,7 @@ for k, L in ins.items():
     waits = [i for i, (_, t) in enumerate(L) if re.search(r'DEPBAR\.LE SB0, 0x[1-9]', t)]
     best = None
     for i, (a, t) in enumerate(L):
-        m = re.search(r'BRA `\((\.L_x_\d+)\)', t)
+        m = re.search(r'BRA[^`]*`\((\.L_x_\d+)\)', t)
         if not m: continue
         tgt = labels[k].get(m.group(1))
         if tgt is None or tgt >= i: continue

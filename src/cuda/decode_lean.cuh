@@ -38,9 +38,10 @@ constexpr int kChunkSteps = kChunkTokens / kLeanStepTok;  // 16
 // one leaf each (v42; before, 64-token leaves, 2 per warp).
 constexpr int kLeafSteps = kChunkSteps / kLeanWarps;
 static_assert(kLeafSteps * kLeanWarps == kChunkSteps && kLeafSteps == 4, "a chunk is kLeanWarps leaves of 4 steps");
-// Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more), its 16-byte copies per lane and step (fp8: 2 tokens x 32
-// channels or 16 channels x 4 tokens = 64 bytes per unit, K and V; q4 / q3: the step's 4 units of 2 QB D bytes), and
-// the q formats' extra shared memory (the 256 scales tau(e); the query is prepared by lean_q_prep_kernel).
+// Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more), its
+// 16-byte copies per lane and step (fp8: 2 tokens x 32 channels or 16 channels x 4 tokens = 64 bytes per unit, K
+// and V; q4 / q3: the step's 4 units of 2 QB D bytes), and the q formats' extra shared memory (the 256 scales
+// tau(e); the query is prepared by lean_q_prep_kernel).
 template <int D, int QB>
 struct LeanGeo {
   static constexpr bool kQ = QB != 0;
@@ -128,8 +129,8 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 
 // splits >= 1: warp mode, grid (ceil(H * splits / kLeanWarps), batch): warp -> (kv head, split), chunks split,
 // split + splits, ... of its sequence. splits == 0: leaf mode (small problems), grid (H * max_chunks, batch): CTA ->
-// (kv head, chunk); warp w computes leaf w of the chunk (its steps 4w .. 4w + 3), and warp 0 folds the 4 leaves in order with
-// the same per-lane arithmetic as warp mode, so both modes give the same bits.
+// (kv head, chunk); warp w computes leaf w of the chunk (its steps 4w .. 4w + 3), and warp 0 folds the 4 leaves in
+// order with the same per-lane arithmetic as warp mode, so both modes give the same bits.
 //
 // q4 / q3 (QB = 4, 3): the codes are f16 subnormals after one AND (block/q_lanes.h), so the query fragment of channel c
 // carries q'_c 2^(24 - pos'_c) 2^E (q' = s * (G^T q), pos' the code's bit position as read, E a power of two per
@@ -235,7 +236,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   const int64_t page_stride = int64_t{H} * p.head_block_bytes;
   const uint8_t* k_head = p.k_pool + int64_t{h} * p.head_block_bytes;
   // V's unit = K's unit + this (the pools share one layout: same page, same head, same token offset).
-  const int64_t vk_delta = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v_pool) - reinterpret_cast<uintptr_t>(p.k_pool));
+  const int64_t vk_delta =
+      static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v_pool) - reinterpret_cast<uintptr_t>(p.k_pool));
   constexpr int kTokBytes = kLaneQ ? QB * D / 8 : D;  // bytes per token of one head's K (or V) in a page
   bool bad_page = false;
   // The warp's steps (32 tokens each): chunks split, split + cstride, ... (leaf mode: chunk `split` only), steps
@@ -277,8 +279,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
       const uint32_t st = ring + slot_i * kLeanStageBytes;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const uint8_t* kb = reinterpret_cast<const uint8_t*>(
-            __shfl_sync(0xffffffffu, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(unit_k)), 2 * is + u));
+        const unsigned long long kb_bits = reinterpret_cast<uintptr_t>(unit_k);
+        const uint8_t* kb = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, kb_bits, 2 * is + u));
         if constexpr (kLaneQ) {
           // Lane layout: a unit's bytes land in the ring as they are in the page (K unit, then V unit), lane-strided
           // 16-byte copies (q4: each lane's own pieces; q3: read word-major by every lane, hence its __syncwarp).
