@@ -42,7 +42,9 @@ for v in ${VARIANTS:-default pdl0 eager leaf0 leaf1}; do
   env "${env[@]}" $K bench --formats $fmts $GRID "${extra[@]}" --json "$W/ab_$v.json" 2>&1 | grep -vE " write" >> "$W/ab.log"
 done
 stamp "A/B benches done"; cat "$W/ab.log"
-python3 - "$W" > "$OUT/ab.json" <<'EOF'
+# $OUT/ab.json: every $W/ab_<variant>.json row with its "variant".
+merge_ab() {
+  python3 - "$W" > "$OUT/ab.json" <<'EOF'
 import json, sys, glob, os
 rows = []
 for f in sorted(glob.glob(sys.argv[1] + "/ab_*.json")):
@@ -52,6 +54,8 @@ for f in sorted(glob.glob(sys.argv[1] + "/ab_*.json")):
         rows.append(r)
 json.dump(rows, sys.stdout, indent=1)
 EOF
+}
+merge_ab
 # Optional: `kvpack tune --every` over TUNE_GRID (q4 / q3: warp-mode split counts and leaf mode), then the bench of
 # that grid with the tuned table beside the default plans.
 if [ -n "${TUNE_GRID:-}" ]; then
@@ -60,16 +64,7 @@ if [ -n "${TUNE_GRID:-}" ]; then
   $K bench --formats ${TUNE_FORMATS:-q4,q3} $TUNE_GRID --table "$OUT/tune.json" --json "$W/ab_tuned.json" 2>&1 \
     | grep -vE " write" > "$W/bench_tuned.log"
   stamp "bench (tuned table) rc=$?"; cat "$W/bench_tuned.log"
-  python3 - "$W" > "$OUT/ab.json" <<'EOF2'
-import json, sys, glob, os
-rows = []
-for f in sorted(glob.glob(sys.argv[1] + "/ab_*.json")):
-    v = os.path.basename(f)[3:-5]
-    for r in json.load(open(f)):
-        r["variant"] = v
-        rows.append(r)
-json.dump(rows, sys.stdout, indent=1)
-EOF2
+  merge_ab
 else
   : > "$W/tune.log"; : > "$W/bench_tuned.log"
 fi
