@@ -633,8 +633,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   if (leaf_mode) {
     // Each warp's leaf into its own (drained) ring, [kLeafVals values][lane]; then warp 0 folds leaves 0..3 in order
     // with warp mode's arithmetic.
-    constexpr int NV = Geo::kLeafVals, NO = 4 * kKB;
-    static_assert(NV * 32 * 4 <= size_t(kLeanStages) * kLeanStageBytes, "a leaf fits a warp's ring");
+    constexpr int NO = 4 * kKB;  // LeanGeo checks that kLeafVals values of 32 lanes fit a warp's ring
     __syncwarp();  // every lane's copies have landed before any lane overwrites the ring
     float* lw = reinterpret_cast<float*>(smem + size_t(warp) * kLeanStages * kLeanStageBytes);
 #pragma unroll
