@@ -2,7 +2,8 @@
 """Summarise a `kvpack bench` JSON file as Markdown tables (for docs/PERFORMANCE.md).
 
 FlashInfer rows of the same file (impl "flashinfer-xqa" / "flashinfer", from bench/flashinfer/fi_bench.py) are
-shown in a table per shape after kvpack's, as FlashInfer time / kvpack time per kvpack format.
+shown in a table per shape after kvpack's, as FlashInfer time / kvpack time per kvpack format; then how many cells
+meet each decode target of the issues (TARGET_* below), and the write path's share of a decode step.
 
 usage: python3 bench/summarize.py bench/results/RUN.json
 """
@@ -14,13 +15,29 @@ from collections import defaultdict
 FI_IMPLS = (("flashinfer-xqa", "FlashInfer-XQA fp8", "speedup_vs_flashinfer_xqa", "vs XQA"),
             ("flashinfer", "FlashInfer fp8", "speedup_vs_flashinfer", "vs FI"))
 
+# The decode targets of issues 5 and 6 (the one place this script keeps them): speedup of each format over kvpack's
+# fp8 and over FlashInfer-XQA's fp8 on the target cells (batch 8-64 x context 32k-128k, every shape), q4 also at
+# batch 1 x 128k, and fp8's share of the measured read bandwidth.
+TARGET_SPEEDUP = {"q4": 1.8, "q3.5": 2.0, "q3": 2.3}
+TARGET_Q4_BATCH1_128K = 1.6
+TARGET_FP8_READ = 0.90
+TARGET_BATCHES, TARGET_CONTEXTS = (8, 64), (32768, 131072)  # inclusive ranges
+
 
 def is_kvpack(r):
     return r.get("impl", "kvpack") == "kvpack"
 
 
+def load_rows(path):
+    """The rows of a `kvpack bench` JSON file (a list of objects); anything else is a clear error."""
+    rows = json.load(open(path))
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        sys.exit(f"{path}: not a kvpack bench file (a JSON list of row objects); tuning tables are not summarised")
+    return rows
+
+
 def main(path):
-    all_rows = json.load(open(path))
+    all_rows = load_rows(path)
     rows = [r for r in all_rows if is_kvpack(r)]
     fi = [r for r in all_rows if r.get("kind") == "decode" and not is_kvpack(r)]
     dec = [r for r in rows if r.get("kind") == "decode"]
@@ -100,9 +117,43 @@ def flashinfer_table(sh, by, formats, fi):
     print()
 
 
+def targets(path):
+    """How many target cells meet each target, with the range of the ratios (rows of one run)."""
+    rows = load_rows(path)
+    dec = {(r.get("impl", "kvpack"), r["format"], r["num_qo_heads"], r["num_kv_heads"], r["head_dim"], r["batch"],
+            r["context"]): r for r in rows if r.get("kind") == "decode"}
+    cells = sorted({k[2:] for k in dec if k[0] == "kvpack" and TARGET_BATCHES[0] <= k[5] <= TARGET_BATCHES[1] and
+                    TARGET_CONTEXTS[0] <= k[6] <= TARGET_CONTEXTS[1]})
+    if not cells:
+        return
+    print(f"### Against the targets (batch {TARGET_BATCHES[0]}-{TARGET_BATCHES[1]} x "
+          f"{TARGET_CONTEXTS[0] // 1024}k-{TARGET_CONTEXTS[1] // 1024}k, every shape: {len(cells)} cells)\n")
+    print("| target | cells met | range |")
+    print("|---|---|---|")
+
+    def line(what, ratios, bar):
+        if ratios:
+            print(f"| {what} >= {bar:.2f}x | {sum(x >= bar for x in ratios)} of {len(ratios)} | "
+                  f"{min(ratios):.2f}-{max(ratios):.2f}x |")
+
+    for f, bar in TARGET_SPEEDUP.items():
+        for base, name in (("kvpack", "our fp8"), ("flashinfer-xqa", "FlashInfer-XQA fp8")):
+            ratios = [dec[(base, "fp8") + c]["median_us"] / dec[("kvpack", f) + c]["median_us"] for c in cells
+                      if (base, "fp8") + c in dec and ("kvpack", f) + c in dec]
+            line(f"{f} over {name}", ratios, bar)
+    b1 = [dec[("kvpack", "fp8") + k[2:]]["median_us"] / r["median_us"] for k, r in dec.items()
+          if k[:2] == ("kvpack", "q4") and k[5] == 1 and k[6] == 131072 and ("kvpack", "fp8") + k[2:] in dec]
+    line("q4 over our fp8 at batch 1 x 128k", b1, TARGET_Q4_BATCH1_128K)
+    reads = [dec[("kvpack", "fp8") + c]["frac_read_bw"] for c in cells if ("kvpack", "fp8") + c in dec]
+    if reads:
+        print(f"| fp8 >= {100 * TARGET_FP8_READ:.0f}% of the read bandwidth | "
+              f"{sum(x >= TARGET_FP8_READ for x in reads)} of {len(reads)} | {100 * min(reads):.0f}-{100 * max(reads):.0f}% |")
+    print()
+
+
 def write_share(path):
     """Decode-step write (batch tokens, one layer) as a share of the same step's attention time."""
-    rows = [r for r in json.load(open(path)) if is_kvpack(r)]
+    rows = [r for r in load_rows(path) if is_kvpack(r)]
     dec = {(r["format"], r["num_qo_heads"], r["batch"], r["context"]): r["median_us"] for r in rows
            if r.get("kind") == "decode"}
     wr = {(r["format"], r["num_qo_heads"], r["num_tokens"]): r["median_us"] for r in rows if r.get("kind") == "write"}
@@ -120,4 +171,5 @@ def write_share(path):
 if __name__ == "__main__":
     main(sys.argv[1])
     print()
+    targets(sys.argv[1])
     write_share(sys.argv[1])
