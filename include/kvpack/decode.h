@@ -135,7 +135,7 @@ int wave_model_splits(int64_t units, int64_t chunks, int64_t slots, int step = 1
 // resident CTAs x 4) once; else warp mode with one warp per chunk: lean_default_splits(chunks) warps per (sequence,
 // kv head), `chunks` rounded up to the CTA's 4 warps. Measured (v41, H100, kvpack tune --every over 24 cells): one
 // warp per chunk was within 1% of the best split count of every warp-mode cell, where the wave model's choice was
-// up to 4% slower, and leaf mode lost by 8-25% once one warp per chunk filled the GPU. Host code.
+// up to 7% slower, and leaf mode lost by 10-25% once one warp per chunk filled the GPU. Host code.
 bool lean_default_leaf(int64_t units, int64_t chunks, int64_t warp_slots);
 int lean_default_splits(int64_t chunks);
 // The decode kernel a format runs on: "lean" (q4, q3: their lane layout has no other reader) or "regular". Host code.
