@@ -75,8 +75,8 @@ struct DecodePlan {
                              // head), rounded up to a multiple of 4); chunks are dealt to them round-robin
   int stages = 4;            // cp.async pipeline depth (tiles in flight per CTA)
   // The lean kernel's (q4 / q3) mode: 1 = leaf mode (one CTA per chunk, num_splits not read), 0 = warp mode
-  // (num_splits warps per (sequence, kv head)), -1 = the launcher's rule (leaf mode when one warp per chunk would give
-  // fewer than two waves of 8 warps per SM). Both modes give the same bits. The regular kernel ignores it.
+  // (num_splits warps per (sequence, kv head)), -1 = the launcher's rule (lean_default_leaf: leaf mode when one warp
+  // per chunk would not fill the GPU's warp slots once). Both modes give the same bits. The regular kernel ignores it.
   int leaf = -1;
   int max_chunks = 0;        // ceil(max_context / kChunkTokens)
   size_t workspace_bytes = 0;  // device workspace run() needs; zero it once after allocation (run leaves it so)

@@ -85,7 +85,7 @@ int run_tune(const Opts& o) {
           };
           if (lean) measure(lean_splits.front(), lean_stages.front(), 1);
           for (int splits : lean ? lean_splits : regular_splits) {
-            if (splits > (lean ? (max_chunks + 3) / 4 * 4 : max_chunks)) break;
+            if (splits > (lean ? kvpack::lean_default_splits(max_chunks) : max_chunks)) break;  // one per chunk
             for (int stages : lean ? lean_stages : regular_stages) measure(splits, stages, lean ? 0 : -1);
           }
           fmt::print("{:<6} {}q/{}kv/{} b={} ctx={}: {} kernel, {} {:.1f} us\n", kvpack::format_name(f), qo, kv, d, b,
