@@ -109,7 +109,7 @@ TEST(PagedWriteRef, Bf16RoundTripAndPaddingSkipped) {
 }
 
 // Every supported format: the layout's byte counts are the block table's, and a token's codes and metadata sit
-// exactly where docs/FORMATS.md says (codes at t*C, metadata at page_size*C + t*M; q4, q3: their lane layout), holding
+// exactly where docs/FORMATS.md says (codes at t*C, metadata at page_size*C + t*M; q4, q3.5, q3: their lane layout), holding
 // the block core's bytes.
 TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
   std::mt19937 rng(21);
@@ -121,7 +121,7 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
       const int P = 32, H = 3;
       const PagedLayout l = make_paged_layout(f, P, H, D);
       const auto bl = block::block_layout(f, D);
-      EXPECT_EQ(l.lanes, f == Format::q4 || f == Format::q3);
+      EXPECT_EQ(l.lanes, f == Format::q4 || f == Format::q3_5 || f == Format::q3);
       EXPECT_EQ(l.code_bytes_per_token, l.lanes ? bl.bytes() : bl.code_bytes);
       EXPECT_EQ(l.meta_bytes_per_token, l.lanes ? 0 : bl.meta_bytes);
       EXPECT_EQ(l.head_block_bytes % 16, 0);
@@ -165,10 +165,10 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
         if (l.lanes) {
           // The lane layout: token 5 is token 5 of unit 0; its halves and bytes hold the block's codes and scale
           // byte (block/q_lanes.h), every other byte of the head block is untouched.
-          auto check = [&]<int DD, int B>() {
-            using L = block::QLanes<B, DD, false>;
+          auto check = [&]<int DD, int B2>() {
+            using L = block::QLanes<B2, DD, false>;
             int kc[DD];
-            block::QBlock<DD, 2 * B>::unpack(qp, codes.data(), kc);
+            block::QBlock<DD, B2>::unpack(qp, codes.data(), kc);
             std::vector<bool> mine(l.head_block_bytes, false);
             for (int j = 0; j < L::kPieces; ++j) {
               const int o = L::piece_offset(5, j);
@@ -180,11 +180,14 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
               if (!mine[i]) ASSERT_EQ(blk[i], 0xA5) << format_name(f) << " D=" << DD << " byte " << i;
           };
           if (f == Format::q4) {
-            if (D == 64) check.template operator()<64, 4>();
-            else check.template operator()<128, 4>();
+            if (D == 64) check.template operator()<64, 8>();
+            else check.template operator()<128, 8>();
+          } else if (f == Format::q3_5) {
+            if (D == 64) check.template operator()<64, 7>();
+            else check.template operator()<128, 7>();
           } else {
-            if (D == 64) check.template operator()<64, 3>();
-            else check.template operator()<128, 3>();
+            if (D == 64) check.template operator()<64, 6>();
+            else check.template operator()<128, 6>();
           }
           continue;
         }
@@ -197,18 +200,19 @@ TEST(PagedWriteRef, AllFormatsPlaceBlockCoreBytesAtDocumentedOffsets) {
   }
 }
 
-// The lane layouts (block/q_lanes.h): the 16 tokens' halves and bytes tile the unit exactly once, offsets worked out
-// by hand from docs/FORMATS.md, and random codes and scale bytes survive store_token / load_token for all 16 tokens.
-template <int B, int D, bool V>
+// The lane layouts (block/q_lanes.h): the 16 tokens' halves, bytes and nibble bytes tile the unit exactly once,
+// offsets worked out by hand from docs/FORMATS.md, and random codes and scale bytes survive store_token / load_token
+// for all 16 tokens.
+template <int B2, int D, bool V>
 void lanes_roundtrip(uint64_t seed) {
-  using L = block::QLanes<B, D, V>;
+  using L = block::QLanes<B2, D, V>;
   std::vector<int> owner(L::kUnitBytes, -1);
   for (int t = 0; t < 16; ++t)
     for (int j = 0; j < L::kPieces; ++j) {
       const int o = L::piece_offset(t, j), n = L::piece_bytes(j);
       ASSERT_TRUE(o >= 0 && o + n <= L::kUnitBytes && o % n == 0) << o;
       for (int b = 0; b < n; ++b) {
-        ASSERT_EQ(owner[o + b], -1) << "B=" << B << " D=" << D << " V=" << V << " t=" << t << " j=" << j;
+        ASSERT_EQ(owner[o + b], -1) << "B2=" << B2 << " D=" << D << " V=" << V << " t=" << t << " j=" << j;
         owner[o + b] = t;
       }
     }
@@ -226,20 +230,24 @@ void lanes_roundtrip(uint64_t seed) {
     std::vector<int> k(D, -1);
     uint8_t e = 0;
     L::load_token(unit.data(), t, k.data(), e);
-    EXPECT_EQ(k, codes[t]) << "B=" << B << " D=" << D << " V=" << V << " t=" << t;
+    EXPECT_EQ(k, codes[t]) << "B2=" << B2 << " D=" << D << " V=" << V << " t=" << t;
     EXPECT_EQ(e, scales[t]);
   }
 }
 
 TEST(QLanes, PiecesTileTheUnitAndRoundTrip) {
-  lanes_roundtrip<4, 64, false>(1);
-  lanes_roundtrip<4, 64, true>(2);
-  lanes_roundtrip<4, 128, false>(3);
-  lanes_roundtrip<4, 128, true>(4);
-  lanes_roundtrip<3, 64, false>(5);
-  lanes_roundtrip<3, 64, true>(6);
-  lanes_roundtrip<3, 128, false>(7);
-  lanes_roundtrip<3, 128, true>(8);
+  lanes_roundtrip<8, 64, false>(1);
+  lanes_roundtrip<8, 64, true>(2);
+  lanes_roundtrip<8, 128, false>(3);
+  lanes_roundtrip<8, 128, true>(4);
+  lanes_roundtrip<6, 64, false>(5);
+  lanes_roundtrip<6, 64, true>(6);
+  lanes_roundtrip<6, 128, false>(7);
+  lanes_roundtrip<6, 128, true>(8);
+  lanes_roundtrip<7, 64, false>(9);
+  lanes_roundtrip<7, 64, true>(10);
+  lanes_roundtrip<7, 128, false>(11);
+  lanes_roundtrip<7, 128, true>(12);
   // q4 K, D = 128: token 9 (g = 1, second 8), lane q = 2, word 3, member 1 -> j = (2 * 4 + 3) * 2 + 1 = 23; lane
   // 4 * 1 + 2 = 6, share byte 16 + 12 + 2 = 30 -> piece 1, byte 14: (32 + 6) * 16 + 14 = 622.
   EXPECT_EQ((block::Q4Lanes<128, false>::piece_offset(9, 23)), 622);
@@ -254,13 +262,26 @@ TEST(QLanes, PiecesTileTheUnitAndRoundTrip) {
   // (the second half) -> j = 6 * 4 + 1 = 25; lane 4 * 6 + 1 = 25, share word 3 * 1 + 0 = 3, byte 2 m = 2 -> s = 14:
   // ((14 / 4) * 32 + 25) * 4 + 2 = 486.
   EXPECT_EQ((block::Q3Lanes<128, true>::piece_offset(3, 25)), 486);
+  // q3.5 K, D = 64 (slots: 0 = half, 1 = byte, 2 = nibble; pieces: 16 halves and bytes, then 4 nibble bytes):
+  // token 10 (g = 2, row 1), the nibble byte of lane q = 3 -> j = 16 + 3 = 19; lane 4 * 2 + 3 = 11, after the 3 share
+  // words of 32 lanes (384 bytes): 384 + 2 * 11 + 1 = 407.
+  EXPECT_EQ((block::Q35Lanes<64, false>::piece_offset(10, 19)), 407);
+  // q3.5 V, D = 128 (slots: halves 0, 1, bytes 2, 3, nibbles 4, 5; pieces: 8 x 4 = 32, then 4 per nibble slot):
+  // token 11 (pair (10, 11): q' = 1, odd, row 1), the second nibble slot, member pair 2 (members 4, 5) ->
+  // j = 32 + 4 * 1 + 2 = 38; after the 6 share words (768 bytes) and the first nibble slot's 64: word 4 * 2 + 1 = 9,
+  // byte r + 2 m = 3 -> 768 + 64 + 36 + 3 = 871.
+  EXPECT_EQ((block::Q35Lanes<128, true>::piece_offset(11, 38)), 871);
+  // The kernel's read of that nibble: lane (g = 5, q = 1) reads word 9 of the slot (member pair 5 / 2 = 2), shifts
+  // by 4 (member 5 is the high nibble).
+  EXPECT_EQ((block::Q35Lanes<128, true>::nib_word_offset(1, 4 * 5 + 1)), 768 + 64 + 36);
+  EXPECT_EQ((block::Q35Lanes<128, true>::nib_shift(4 * 5 + 1)), 4);
   // The widths are the calibration's pattern, summing to the logical block's code bytes.
-  for (int B : {4, 3})
+  for (int B2 : {8, 7, 6})
     for (int D : {64, 128})
       for (bool v : {false, true}) {
         int sum = 0;
-        for (int g = 0; g < D / 8; ++g) sum += block::lane_group_bits(B, D, v, g);
-        EXPECT_EQ(sum, block::q_code_bytes(2 * B, D));
+        for (int g = 0; g < D / 8; ++g) sum += block::lane_group_bits(B2, D, v, g);
+        EXPECT_EQ(sum, block::q_code_bytes(B2, D));
       }
 }
 

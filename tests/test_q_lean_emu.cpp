@@ -1,4 +1,4 @@
-// An emulation of the lean decode kernel's q4 / q3 arithmetic (src/cuda/decode_lean.cuh) on the CPU, lane by lane,
+// An emulation of the lean decode kernel's q4 / q3.5 / q3 arithmetic (src/cuda/decode_lean.cuh) on the CPU, lane by lane,
 // with the m16n8k16 fragments laid out as PTX defines them: the lane's share words of a unit read as the kernel's
 // lean_q_rows reads them (rows, slots, the shift by 8 of q3's second row), one AND per f16x2 (codes
 // as f16 subnormals), the quad / ballot gathering of the scale bytes, the query folded with 2^(24 - pos') and 2^E,
@@ -26,9 +26,17 @@ void lane_rows(const uint8_t* unit, int lane, uint32_t (&r0)[L::kSlots], uint32_
   uint32_t sw[L::kShareWords] = {};
   for (int k = 0; k < L::kShareWords; ++k)
     for (int i = 0; i < 4; ++i) sw[k] |= static_cast<uint32_t>(unit[L::share_offset(lane, 4 * k + i)]) << (8 * i);
-  for (int slot = 0; slot < L::kSlots; ++slot) {
+  for (int slot = 0; slot < L::kReg; ++slot) {
     r0[slot] = sw[L::share_word(slot, 0)] >> L::row_shift(slot, 0);
     r1[slot] = sw[L::share_word(slot, 1)] >> L::row_shift(slot, 1);
+  }
+  for (int n = 0; n < L::kNib; ++n) {  // q3.5: the aligned word, shifted, spread into the rows
+    const int o = L::nib_word_offset(n, lane);
+    uint32_t w = 0;
+    for (int i = 0; i < 4; ++i) w |= static_cast<uint32_t>(unit[o + i]) << (8 * i);
+    w >>= L::nib_shift(lane);
+    r0[L::kReg + n] = L::nib_row(w, 0);
+    r1[L::kReg + n] = L::nib_row(w, 1);
   }
 }
 // The kernel's lean_q_pair: group i of a row's slot words w (and w >> 6), as the two f16 values it stands for.
@@ -47,13 +55,13 @@ int range_exponent(float mx) {  // the kernel's f16_range_exponent
   return mx > 0.f && mx <= 3.0e38f ? std::min(std::max(14 - e, -120), 120) : 0;
 }
 
-template <int QB, int D>
+template <int B2, int D>
 void emulate(uint64_t seed) {
-  using LK = block::QLanes<QB, D, false>;
-  using LV = block::QLanes<QB, D, true>;
+  using LK = block::QLanes<B2, D, false>;
+  using LV = block::QLanes<B2, D, true>;
   constexpr int W = LK::kSlots, SK = LK::kScaleSlot, SV = LV::kScaleSlot, KB = D / 16, G = 4, n = 40;  // 3 units
   static_assert(W == LV::kSlots);
-  const Format f = QB == 4 ? Format::q4 : Format::q3;
+  const Format f = B2 == 8 ? Format::q4 : B2 == 7 ? Format::q3_5 : Format::q3;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd;
   const PagedLayout l = make_paged_layout(f, 16, 1, D);
@@ -153,7 +161,7 @@ void emulate(uint64_t seed) {
       }
     }
   }
-  for (int i = 0; i < n * G; ++i) EXPECT_NEAR(sc[i], sref[i], 2e-3 * (1 + std::fabs(sref[i]))) << "QB=" << QB << " D=" << D << " score " << i;
+  for (int i = 0; i < n * G; ++i) EXPECT_NEAR(sc[i], sref[i], 2e-3 * (1 + std::fabs(sref[i]))) << "B2=" << B2 << " D=" << D << " score " << i;
 
   // P.V through the fragments, then the chunk-end conversion and the merge.
   for (int h = 0; h < G; ++h) {
@@ -220,15 +228,17 @@ void emulate(uint64_t seed) {
       omax = std::max(omax, std::fabs(want));
       err = std::max(err, std::fabs(uu / L - want));
     }
-    EXPECT_LT(err, 5e-3 * omax) << "QB=" << QB << " D=" << D << " head " << h;
+    EXPECT_LT(err, 5e-3 * omax) << "B2=" << B2 << " D=" << D << " head " << h;
   }
 }
 
 TEST(QLeanEmulation, FragmentsScalesAndFoldsMatchTheReference) {
-  emulate<4, 64>(31);
-  emulate<4, 128>(32);
-  emulate<3, 64>(33);
-  emulate<3, 128>(34);
+  emulate<8, 64>(31);
+  emulate<8, 128>(32);
+  emulate<6, 64>(33);
+  emulate<6, 128>(34);
+  emulate<7, 64>(35);
+  emulate<7, 128>(36);
 }
 
 }  // namespace

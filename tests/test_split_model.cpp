@@ -104,9 +104,10 @@ TEST(WaveModelSplits, RejectsEmptyWork) {
 
 TEST(DecodeKernelName, LaneFormatsRunTheLeanKernel) {
   EXPECT_STREQ(decode_kernel_name(Format::q4), "lean");
+  EXPECT_STREQ(decode_kernel_name(Format::q3_5), "lean");
   EXPECT_STREQ(decode_kernel_name(Format::q3), "lean");
   EXPECT_STREQ(decode_kernel_name(Format::fp8), "regular");
-  EXPECT_STREQ(decode_kernel_name(Format::q3_5), "regular");
+  EXPECT_STREQ(decode_kernel_name(Format::int4), "regular");
 }
 
 // The lean merge's slice rule with the H100's measured occupancy (80 registers: 6 / 3 / 1 CTAs per SM at 1 / 2 / 4

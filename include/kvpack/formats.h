@@ -16,8 +16,10 @@ enum class Format : int { bf16 = 0, fp8, int4, int4h, q4, q3_5, q3 };
 inline constexpr int kSinkTokens = 4;
 
 // Formats with one fixed width pattern per (head_dim, K|V), stored in the paged cache's lane layout
-// (include/kvpack/block/q_lanes.h): their code bits per element (with the scale byte), else 0.
-constexpr int lane_bits(Format f) { return f == Format::q4 ? 4 : f == Format::q3 ? 3 : 0; }
+// (include/kvpack/block/q_lanes.h): twice their bits per element (with the scale byte; block::QLanes' B2), else 0.
+constexpr int lane_bits_x2(Format f) {
+  return f == Format::q4 ? 8 : f == Format::q3_5 ? 7 : f == Format::q3 ? 6 : 0;
+}
 
 struct FormatInfo {
   Format id;

@@ -261,7 +261,7 @@ Calibration Calibration::load_impl(const std::string& path, const ModelConfig* e
       }
       KVPACK_CHECK(sum == want_bytes, "calibration file {}: {}.group_bits of slot {} sum to {} bytes, the block needs {}",
                    path, n, s, sum, want_bytes);
-      if (const int lb = lane_bits(f))
+      if (const int lb = lane_bits_x2(f))
         for (int g = 0; g < D / 8; ++g)
           KVPACK_CHECK(t.group_bits[static_cast<size_t>(s) * (D / 8) + g] ==
                            block::lane_group_bits(lb, static_cast<int>(D), s % 2 == 1, g),

@@ -201,11 +201,12 @@ void fit_q_slot(const SlotStats& s, QFormatTables& t, int slot) {
   std::vector<double> energy(G, 0.0);
   for (int c = 0; c < D; ++c) energy[c / 8] += g_sorted[c];
   std::vector<int> bits(G, 0);
-  // q4, q3: the fixed pattern of their lane layout (include/kvpack/block/q_lanes.h), the same for every slot, so the
-  // decode kernel's masks are compile-time constants; the greedy allocation below is q3.5's.
-  int lanes = 0;  // the lane bits (formats.h: lane_bits) of the format these tables belong to, by its bits
+  // q4, q3.5, q3: the fixed pattern of their lane layout (include/kvpack/block/q_lanes.h), the same for every slot,
+  // so the decode kernel's masks are compile-time constants; the greedy allocation below serves other bit budgets
+  // (the experiments of docs/FORMATS.md).
+  int lanes = 0;  // formats.h: lane_bits_x2 of the format these tables belong to, by its bits
   for (const FormatInfo& fi : all_formats())
-    if (fi.sink_tokens > 0 && std::lround(2 * fi.bits_per_element) == t.bits_x2) lanes = lane_bits(fi.id);
+    if (fi.sink_tokens > 0 && std::lround(2 * fi.bits_per_element) == t.bits_x2) lanes = lane_bits_x2(fi.id);
   if (lanes)
     for (int g = 0; g < G; ++g) bits[g] = block::lane_group_bits(lanes, D, slot % 2 == 1, g);
   for (int left = lanes ? 0 : budget; left > 0; --left) {

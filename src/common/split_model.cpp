@@ -38,7 +38,7 @@ int lean_default_splits(int64_t chunks) {
   return static_cast<int>((chunks + kLeanCtaWarps - 1) / kLeanCtaWarps * kLeanCtaWarps);
 }
 
-const char* decode_kernel_name(Format f) { return lane_bits(f) ? "lean" : "regular"; }
+const char* decode_kernel_name(Format f) { return lane_bits_x2(f) ? "lean" : "regular"; }
 
 int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&ctas_per_sm)[3], int forced) {
   const bool force = forced == 1 || forced == 2 || forced == 4;

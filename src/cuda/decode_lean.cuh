@@ -1,10 +1,10 @@
-// The lean decode kernel (bench/NOTES.md v31-v34): fp8 (head_dim 128, sm_90), q4 and q3 (head_dim 64 and 128, sm_80+,
+// The lean decode kernel (bench/NOTES.md v31-v34, v44): fp8 (head_dim 128, sm_90), q4, q3.5 and q3 (head_dim 64 and 128, sm_80+,
 // the lane layout of include/kvpack/block/q_lanes.h). Included by decode_lean.cu only.
 //
 // One warp per (sequence, kv head, split): the warp computes the 512-token chunks split, split + S, split + 2S, ...
 // of its (sequence, kv head) alone. Every lane stages exactly the 16-byte pieces it reads itself (fp8, q4), with
 // cp.async into a lane-private ring of LeanGeo::kStages steps of 32 tokens, so the main loop has no barrier and no
-// shared-memory exchange: its only synchronisation is cp.async.wait_group (q3, whose lane shares are not whole
+// shared-memory exchange: its only synchronisation is cp.async.wait_group (q3 and q3.5, whose lane shares are not whole
 // 16-byte pieces, copies units whole and adds a __syncwarp on each side of the wait). Scores and P.V run on the f16 tensor cores
 // (m16n8k16, swap-AB: 16 tokens x 8 padded query heads per score tile, 16 channels x 8 heads per output tile).
 //
@@ -31,28 +31,30 @@
 namespace kvpack::cuda_detail {
 
 // kLeanWarps (decode_internal.cuh, the planner counts with it): warps per CTA (independent; the CTA only shares the
-// SM's shared memory and, for q4 / q3, its (sequence, kv head) and the scale table).
+// SM's shared memory and, for the q formats, its (sequence, kv head) and the scale table).
 constexpr int kLeanStepTok = 32; // tokens per step: two 16-token units
 constexpr int kChunkSteps = kChunkTokens / kLeanStepTok;  // 16
 // A leaf (the unit of the fixed fold order) is 4 steps = 128 tokens, a chunk 4 leaves: leaf mode's 4 warps compute
 // one leaf each (v42; before, 64-token leaves, 2 per warp).
 constexpr int kLeafSteps = kChunkSteps / kLeanWarps;
 static_assert(kLeafSteps * kLeanWarps == kChunkSteps && kLeafSteps == 4, "a chunk is kLeanWarps leaves of 4 steps");
-// Per format (QB: 0 = fp8, 4 = q4, 3 = q3): the ring (kStages steps of 32 tokens per warp; q3 one more), its
+// Per format (B2: 0 = fp8, else twice the bits: 8 = q4, 7 = q3.5, 6 = q3): the ring (kStages steps of 32 tokens per
+// warp; q3 and q3.5 one more), its
 // 16-byte copies per lane and step (fp8: 2 tokens x 32 channels or 16 channels x 4 tokens = 64 bytes per unit, K
-// and V; q4 / q3: the step's 4 units of 2 QB D bytes), and the q formats' extra shared memory (the 256 scales
+// and V; q4 / q3.5 / q3: the step's 4 units of B2 D bytes), and the q formats' extra shared memory (the 256 scales
 // tau(e); the query is prepared by lean_q_prep_kernel).
-template <int D, int QB>
+template <int D, int B2>
 struct LeanGeo {
-  static constexpr bool kQ = QB != 0;
-  static constexpr int kStages = QB == 3 ? 4 : 3;
-  static constexpr int kUnitBytes = kQ ? 2 * QB * D : 16 * D;  // one 16-token unit of K (or V)
-  static constexpr int kPieces = 4 * kUnitBytes / (32 * 16);  // per lane and step
-  static constexpr int kStageBytes = kPieces * 32 * 16;        // per warp
+  static constexpr bool kQ = B2 != 0;
+  static constexpr bool kWordMajor = B2 == 6 || B2 == 7;  // q3, q3.5: units copied whole, read word-major
+  static constexpr int kStages = kWordMajor ? 4 : 3;
+  static constexpr int kUnitBytes = kQ ? B2 * D : 16 * D;  // one 16-token unit of K (or V)
+  static constexpr int kStageBytes = 4 * kUnitBytes;        // per warp: a step's 2 units of K and of V
   static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
   static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
   static constexpr size_t kSmem = kRingBytes + (kQ ? 256 * sizeof(float) : 0);
-  static_assert(kPieces * 32 * 16 == 4 * kUnitBytes, "a step is whole 16-byte copies of every lane");
+  static_assert(kUnitBytes % 16 == 0, "a unit is whole 16-byte copies");
+  static_assert(kWordMajor || kStageBytes % (32 * 16) == 0, "fp8, q4: a step is whole 16-byte copies of every lane");
   static_assert(size_t(kLeafVals) * 32 * 4 <= size_t(kStages) * kStageBytes, "a leaf fits a warp's ring");
 };
 
@@ -83,7 +85,7 @@ __device__ __forceinline__ uint32_t lean_prmt(uint32_t a, uint32_t b, uint32_t s
   return d;
 }
 
-// q4 / q3: the half2 of group i (members of a K token, or two tokens of a V member) from one row's slot words w
+// q formats: the half2 of group i (members of a K token, or two tokens of a V member) from one row's slot words w
 // and w >> 6: one AND; the codes read as f16 subnormals code * 2^(pos' - 24) (block/q_lanes.h). i is a constant
 // after the callers' unrolling, so the word and the mask are too.
 template <class L>
@@ -93,14 +95,14 @@ __device__ __forceinline__ uint32_t lean_q_pair(const uint32_t (&w)[L::kSlots], 
   const uint32_t m = ((1u << g.w) - 1u) << pos;
   return (L::shifted(i) ? ws[g.word] : w[g.word]) & (m | (m << 16));
 }
-// q4 / q3 V: the scale byte of the token whose bits sit at lanes 4 g' + qq (g' = 0..7) of ballot mask `bal`.
+// q formats, V: the scale byte of the token whose bits sit at lanes 4 g' + qq (g' = 0..7) of ballot mask `bal`.
 __device__ __forceinline__ uint32_t lean_ballot_byte(uint32_t bal, int qq) {
   uint32_t x = (bal >> qq) & 0x11111111u;
   x = (x | (x >> 3)) & 0x03030303u;
   x = (x | (x >> 6)) & 0x000f000fu;
   return (x | (x >> 12)) & 0xffu;
 }
-// One lane's slot words of a unit (q4: from its own 16-byte pieces; q3: from the word-major unit), as two rows
+// One lane's slot words of a unit (q4: from its own 16-byte pieces; q3, q3.5: from the word-major unit), as two rows
 // (K: tokens g, g + 8; V: token pairs (2q, 2q + 1), (8 + 2q, 9 + 2q)) read at the slots' bit positions, and the
 // same >> 6. `un` is the unit's shared-memory address.
 template <class L>
@@ -113,17 +115,28 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
       asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                    : "=r"(sw[4 * k]), "=r"(sw[4 * k + 1]), "=r"(sw[4 * k + 2]), "=r"(sw[4 * k + 3])
                    : "r"(un + (k * 32 + lane) * 16));
-  } else {  // q3: word-major
+  } else {  // q3, q3.5: word-major
 #pragma unroll
     for (int k = 0; k < L::kShareWords; ++k)
       asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sw[k]) : "r"(un + (k * 32 + lane) * 4));
   }
 #pragma unroll
-  for (int slot = 0; slot < L::kSlots; ++slot) {
+  for (int slot = 0; slot < L::kReg; ++slot) {
     r0[slot] = sw[L::share_word(slot, 0)] >> L::row_shift(slot, 0);
     r1[slot] = sw[L::share_word(slot, 1)] >> L::row_shift(slot, 1);
     s0[slot] = r0[slot] >> 6;
     s1[slot] = r1[slot] >> 6;
+  }
+  // q3.5's nibbles: one aligned word per lane and nibble slot (K: two lanes' byte pairs, V: a member pair's bytes
+  // of the lane's four tokens), shifted to this lane's nibbles and spread into the rows' halves (block/q_lanes.h).
+  // No code in a nibble needs the shift by 6 (s = r, unused).
+#pragma unroll
+  for (int n = 0; n < L::kNib; ++n) {
+    uint32_t w;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w) : "r"(un + L::nib_word_offset(n, lane)));
+    w >>= L::nib_shift(lane);
+    r0[L::kReg + n] = s0[L::kReg + n] = L::nib_row(w, 0);
+    r1[L::kReg + n] = s1[L::kReg + n] = L::nib_row(w, 1);
   }
 }
 
@@ -132,7 +145,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // (kv head, chunk); warp w computes leaf w of the chunk (its steps 4w .. 4w + 3), and warp 0 folds the 4 leaves in
 // order with the same per-lane arithmetic as warp mode, so both modes give the same bits.
 //
-// q4 / q3 (QB = 4, 3): the codes are f16 subnormals after one AND (block/q_lanes.h), so the query fragment of channel c
+// q4 / q3.5 / q3 (B2 = 8, 7, 6): the codes are f16 subnormals after one AND (block/q_lanes.h), so the query fragment of channel c
 // carries q'_c 2^(24 - pos'_c) 2^E (q' = s * (G^T q), pos' the code's bit position as read, E a power of two per
 // head) and a score is tau_K (acc 2^-E - q'.o) + q.mu, tau_K from the token's scale byte (its bits gathered from the
 // quad); P.V multiplies each probability by tau_V (scale bits gathered by ballots) and accumulates L_tau = sum of those
@@ -141,16 +154,16 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // sequence's sink count are masked (the merge adds them exactly). The query is prepared once per (sequence, kv head)
 // by lean_q_prep_kernel, before this kernel (PDL: this kernel's first copies overlap it); a CTA's 4 warps share one
 // (sequence, kv head), so warp mode keeps the splits a multiple of 4.
-template <int D, int QB>
-__global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
+template <int D, int B2>
+__global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
-  if constexpr (QB == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); q4 / q3 on sm_80 too
+  if constexpr (B2 == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); the q formats on sm_80 too
 #endif
-  constexpr bool kLaneQ = QB != 0;  // q4 or q3 (the lane layout)
-  using Geo = LeanGeo<D, QB>;
-  using LK = block::QLanes<QB ? QB : 4, D, false>;
-  using LV = block::QLanes<QB ? QB : 4, D, true>;
+  constexpr bool kLaneQ = B2 != 0;  // q4, q3.5 or q3 (the lane layout)
+  using Geo = LeanGeo<D, B2>;
+  using LK = block::QLanes<B2 ? B2 : 8, D, false>;
+  using LV = block::QLanes<B2 ? B2 : 8, D, true>;
   constexpr int kKB = D / 16;  // k-blocks of the scores, m-tiles of P.V
   constexpr int kLeanStages = Geo::kStages;
   constexpr int kLeanStageBytes = Geo::kStageBytes;
@@ -165,7 +178,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const int b = blockIdx.y, local = blockIdx.x * kLeanWarps + warp;
-  if (!kLaneQ && !leaf_mode && local >= H * splits) return;  // q4 / q3: the grid has no spare warps (splits % 4 == 0)
+  if (!kLaneQ && !leaf_mode && local >= H * splits) return;  // q formats: the grid has no spare warps (splits % 4 == 0)
   const int h = leaf_mode ? static_cast<int>(blockIdx.x % H) : local / splits;
   const int split = leaf_mode ? static_cast<int>(blockIdx.x / H) : local % splits;  // leaf mode: the chunk
 
@@ -182,7 +195,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   // to the fp32 score. Heads >= group are zero (the n8 tile's padding).
   uint32_t qb[kKB][2];
   float qe0 = 0.f, qe1 = 0.f;                  // fp8: the score factors of heads 2q, 2q + 1
-  float un0 = 0.f, un1 = 0.f, qo0 = 0.f, qo1 = 0.f, cz0 = 0.f, cz1 = 0.f;  // q4 / q3: 2^-E, q'.o, q.mu of heads 2q, 2q + 1
+  float un0 = 0.f, un1 = 0.f, qo0 = 0.f, qo1 = 0.f, cz0 = 0.f, cz1 = 0.f;  // q formats: 2^-E, q'.o, q.mu of heads 2q, 2q + 1
   int n_sink = 0;
   const float* tau_s = reinterpret_cast<const float*>(smem + Geo::kRingBytes);
   if constexpr (!kLaneQ) {
@@ -219,7 +232,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   // This lane's score columns are heads 2q and 2q + 1: their unscale factors live in lanes g = 2q, 2q + 1.
   qe0 = __shfl_sync(0xffffffffu, qe_lane, (2 * q) * 4), qe1 = __shfl_sync(0xffffffffu, qe_lane, (2 * q + 1) * 4);
   } else {
-    // ---- q4 / q3: the query was prepared once per (sequence, kv head) by lean_q_prep_kernel (workspace); here
+    // ---- q formats: the query was prepared once per (sequence, kv head) by lean_q_prep_kernel (workspace); here
     // only the scale table (compute) before the first copies, the fragments after them (PDL: the prep kernel may
     // still run until griddepcontrol.wait) ----
     float* tau_w = reinterpret_cast<float*>(smem + Geo::kRingBytes);
@@ -238,7 +251,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   // V's unit = K's unit + this (the pools share one layout: same page, same head, same token offset).
   const int64_t vk_delta =
       static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v_pool) - reinterpret_cast<uintptr_t>(p.k_pool));
-  constexpr int kTokBytes = kLaneQ ? QB * D / 8 : D;  // bytes per token of one head's K (or V) in a page
+  constexpr int kTokBytes = kLaneQ ? B2 * D / 16 : D;  // bytes per token of one head's K (or V) in a page
   bool bad_page = false;
   // The warp's steps (32 tokens each): chunks split, split + cstride, ... (leaf mode: chunk `split` only), steps
   // [s_begin, s_end) of each (warp mode: all 16; leaf mode: leaf `warp`, kLeafSteps steps). Positions are int:
@@ -283,7 +296,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
         const uint8_t* kb = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, kb_bits, 2 * is + u));
         if constexpr (kLaneQ) {
           // Lane layout: a unit's bytes land in the ring as they are in the page (K unit, then V unit), lane-strided
-          // 16-byte copies (q4: each lane's own pieces; q3: read word-major by every lane, hence its __syncwarp).
+          // 16-byte copies (q4: each lane's own pieces; q3, q3.5: read word-major by every lane, hence their __syncwarp).
           // Tokens past the sequence's end are read as they are (codes are always finite; their scores are masked,
           // their weights 0), so no bounds.
           constexpr int kUC = Geo::kUnitBytes / 16;  // 16-byte chunks per unit
@@ -360,7 +373,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   // Leaf (current 128 tokens) state and chunk accumulator; per lane: heads 2q, 2q + 1; rows / channels as above.
   float o[kKB][4], co[kKB][4];
   float m0, m1, l0, l1, cm0, cm1, cl0, cl1;
-  float t0s = 0.f, t1s = 0.f, ct0 = 0.f, ct1 = 0.f;  // q4 / q3: L_tau of the leaf and of the chunk, heads 2q, 2q + 1
+  float t0s = 0.f, t1s = 0.f, ct0 = 0.f, ct1 = 0.f;  // q formats: L_tau of the leaf and of the chunk, heads 2q, 2q + 1
   auto reset_leaf = [&] {
 #pragma unroll
     for (int i = 0; i < kKB; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -470,9 +483,9 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
   for (;;) {
     const int t0 = cc * kChunkTokens + cs * kLeanStepTok;
     if (cc >= n_chunks || t0 >= len32) break;
-    // Lanes that read each other's copies (q3; fp8 with KVPACK_LEAN_KROWS): every lane has read the slot the next
+    // Lanes that read each other's copies (q3, q3.5; fp8 with KVPACK_LEAN_KROWS): every lane has read the slot the next
     // copies refill, and (after the wait) the other lanes' copies have landed.
-    const bool shared_slots = QB == 3 || krows;
+    const bool shared_slots = Geo::kWordMajor || krows;
     if (shared_slots) __syncwarp();
     issue();
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kLeanStages - 1));
@@ -676,16 +689,16 @@ __global__ void __launch_bounds__(kLeanWarps * 32, QB == 0 ? 1 : 3) lean_kernel(
 #endif
 }
 
-// q4 / q3: the query preparation, once per (sequence, kv head) (grid (H, batch), kLeanWarps x 32 threads), into the
+// q formats: the query preparation, once per (sequence, kv head) (grid (H, batch), kLeanWarps x 32 threads), into the
 // workspace for every lean CTA of that pair: q' = s * (G^T q) (x qk_scale log2 e) as f16 fragments with a power of
 // two 2^E per head and each K group's 2^(24 - pos') folded in, and per head (2^-E, q'.o, q.mu). It was the lean
 // kernel's prologue (v36), run by every CTA: ~10 dependent L2 round trips and D x D x 4 bytes of L2 reads per CTA,
 // as many bytes as the cache itself at batch 1 (bench/NOTES.md v40). Same arithmetic, same order: same bits.
 // Output order: ws_qh[(b H + h) 32 + lane][2 kKB] = lane (g, q)'s fragments qb[kb][0..1] (head g, channels
 // 8 (2 kb) + 2q, + 1 and 8 (2 kb + 1) + 2q, + 1), so the lean kernel reads its lane's words as kKB / 2 uint4.
-template <int D, int QB>
+template <int D, int B2>
 __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const DecodeKernelParams p) {
-  using LK = block::QLanes<QB, D, false>;
+  using LK = block::QLanes<B2, D, false>;
   constexpr int kKB = D / 16, kThreads = kLeanWarps * 32;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The lean kernel (launched with PDL) may start its copies now; it waits for this grid before reading its output.
@@ -786,11 +799,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
 // (their L2 loads in flight together), and slice 0 folds the slices' group results in group order: the tree and the
 // bits of one slice folding every group, a quarter of its dependent L2 rounds (v37: 16 groups at 128k).
 //
-// q4 / q3: the folded sum is sum_t p_t tau_t (k_t - o) per channel (the kernel's chunk ends convert it), so the output
+// q formats: the folded sum is sum_t p_t tau_t (k_t - o) per channel (the kernel's chunk ends convert it), so the output
 // is (mu L + G (s * O)) / L with the sink tokens (exact bf16) folded in by log-sum-exp, as the regular kernel's
 // epilogue does; fixed orders throughout.
 constexpr int kMergeSlices = 4;
-template <int D, int QB>
+template <int D, int B2>
 __global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const DecodeKernelParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched with PDL: the lean grid's partials first
@@ -852,7 +865,7 @@ __global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const Deco
     __syncthreads();
   }
   const int qh = h * p.group + hg;
-  if constexpr (QB == 0) {
+  if constexpr (B2 == 0) {
     if (slice != 0) return;
     p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? O / L * os : 0.f);
     if (p.lse && r == 0)
@@ -922,12 +935,12 @@ __global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const Deco
   }
 }
 
-// Warps per (sequence, kv head) for a plan. q4 / q3: the plan's num_splits (plan.cu's lean wave model or a "lean"
+// Warps per (sequence, kv head) for a plan. q formats: the plan's num_splits (plan.cu's lean wave model or a "lean"
 // tuning entry), rounded up to a multiple of kLeanWarps (a CTA's 4 warps share one (sequence, kv head)); fp8 (opt-in,
 // planned for the regular kernel, whose CTAs had 8 warps): 8 x num_splits. At most one per chunk (q: rounded up).
-template <int QB>
+template <int B2>
 inline int lean_splits(const DecodeKernelParams& kp) {
-  if constexpr (QB != 0)
+  if constexpr (B2 != 0)
     return (std::min(kp.num_splits, kp.max_chunks) + kLeanWarps - 1) / kLeanWarps * kLeanWarps;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(int64_t{kp.num_splits} * 8, kp.max_chunks)));
 }
@@ -967,18 +980,18 @@ inline void lean_launch(void (*kernel)(KArgs...), dim3 grid, unsigned threads, s
   KVPACK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
-// q4 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.
+// q4, q3.5 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.
 inline bool lean_q_applies() { return device_cc_major() >= 8; }
 
 // The kernel's shared-memory opt-in, once per instance; then its resident CTAs per SM (0 when it cannot run here).
-template <int D, int QB>
+template <int D, int B2>
 inline int lean_prepare() {
   static const int ctas = [] {
-    using Geo = LeanGeo<D, QB>;
+    using Geo = LeanGeo<D, B2>;
     int n = 0;
-    if (cudaFuncSetAttribute(lean_kernel<D, QB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(lean_kernel<D, B2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(Geo::kSmem)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_kernel<D, QB>, kLeanWarps * 32, Geo::kSmem) !=
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_kernel<D, B2>, kLeanWarps * 32, Geo::kSmem) !=
             cudaSuccess)
       n = 0;
     cudaGetLastError();
@@ -988,18 +1001,18 @@ inline int lean_prepare() {
 }
 
 // The merge kernel's resident CTAs per SM at S x D threads (at least 1).
-template <int D, int QB>
+template <int D, int B2>
 inline int lean_merge_occupancy(int slices) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_merge_kernel<D, QB>, slices * D, 0) != cudaSuccess) n = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_merge_kernel<D, B2>, slices * D, 0) != cudaSuccess) n = 1;
   cudaGetLastError();
   return std::max(n, 1);
 }
 
-template <int D, int QB>
+template <int D, int B2>
 inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
-  using Geo = LeanGeo<D, QB>;
-  lean_prepare<D, QB>();
+  using Geo = LeanGeo<D, B2>;
+  lean_prepare<D, B2>();
   // Leaf mode: the plan's (DecodePlan::leaf: a tuned entry's, or the caller's), else the rule lean_default_leaf (host
   // code, split_model.cpp): leaf mode when one warp per chunk would not fill the GPU's warp slots once
   // (KVPACK_LEAN_RULE=0: v42's rule, fewer chunk-warps than two waves of 8 warps per SM). KVPACK_LEAN_LEAF=0 / 1
@@ -1009,30 +1022,30 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const bool rule_leaf = lean_env_rule() == 0
                              ? chunk_warps < int64_t{2} * device_sm_count() * 8
                              : lean_default_leaf(int64_t{batch} * kp.num_kv_heads, kp.max_chunks,
-                                                 int64_t{device_sm_count()} * lean_prepare<D, QB>() * kLeanWarps);
+                                                 int64_t{device_sm_count()} * lean_prepare<D, B2>() * kLeanWarps);
   const bool leaf = leaf_env >= 0 ? leaf_env != 0 : kp.leaf >= 0 ? kp.leaf != 0 : rule_leaf;
-  // q4 / q3: a CTA's 4 warps share one (sequence, kv head): splits a multiple of 4.
-  const int splits = leaf ? 0 : lean_splits<QB>(kp);
+  // q formats: a CTA's 4 warps share one (sequence, kv head): splits a multiple of 4.
+  const int splits = leaf ? 0 : lean_splits<B2>(kp);
   const int64_t warps = int64_t{kp.num_kv_heads} * splits;
   dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
                  : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
             batch);
   static const int krows = lean_env_int("KVPACK_LEAN_KROWS", 0);
   const bool pdl = lean_pdl_applies();
-  if constexpr (QB != 0)
-    lean_launch(lean_q_prep_kernel<D, QB>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, 0, stream, false, kp);
-  lean_launch(lean_kernel<D, QB>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && QB != 0, kp, splits, krows);
+  if constexpr (B2 != 0)
+    lean_launch(lean_q_prep_kernel<D, B2>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, 0, stream, false, kp);
+  lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows);
   // Merge slices: up to kMergeSlices fold groups at once while the merge grid still fits one wave at that block size's
   // occupancy (80 registers: 1 CTA of 512 threads per SM, 3 of 256, 6 of 128). Measured (v40, H100, same call): 4
   // slices 1.25-1.7x faster than 1 at batch 1-8 (8-256 merge CTAs), 6% slower at 8q/1kv batch 64 (512 CTAs: 4 waves
   // of 512 threads). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 forces S (measurement). The
   // rule: lean_merge_slices (host code, split_model.cpp, CPU-tested).
   static const int slices_env = lean_env_int("KVPACK_LEAN_MERGE_SLICES", 0);
-  static const int merge_occ[3] = {lean_merge_occupancy<D, QB>(1), lean_merge_occupancy<D, QB>(2),
-                                   lean_merge_occupancy<D, QB>(4)};
+  static const int merge_occ[3] = {lean_merge_occupancy<D, B2>(1), lean_merge_occupancy<D, B2>(2),
+                                   lean_merge_occupancy<D, B2>(4)};
   const int slices = lean_merge_slices(int64_t{kp.num_kv_heads} * batch * kp.group, kp.max_groups, device_sm_count(),
                                        merge_occ, slices_env);
-  lean_launch(lean_merge_kernel<D, QB>, dim3(kp.num_kv_heads, batch, kp.group), slices * D, 0, stream, pdl, kp);
+  lean_launch(lean_merge_kernel<D, B2>, dim3(kp.num_kv_heads, batch, kp.group), slices * D, 0, stream, pdl, kp);
 }
 
 }  // namespace kvpack::cuda_detail

@@ -66,7 +66,7 @@ int model_splits(const DecodeShape& s, int batch, int64_t max_context, int stage
   const int group = s.num_qo_heads / s.num_kv_heads;
   const int64_t units = std::max<int64_t>(1, int64_t{batch} * s.num_kv_heads);
   const int64_t chunks = (max_context + kChunkTokens - 1) / kChunkTokens;
-  if (lane_bits(s.format)) {  // the lean kernel: warps per (sequence, kv head), in CTAs of kLeanWarps
+  if (lane_bits_x2(s.format)) {  // the lean kernel: warps per (sequence, kv head), in CTAs of kLeanWarps
     // KVPACK_LEAN_RULE=0: v42's wave model (measurement only).
     if (lean_env_rule() == 0) {
       const int64_t warp_slots = int64_t{device_sm_count()} * lean_ctas_per_sm(s.format, s.head_dim) * kLeanWarps;
@@ -109,7 +109,7 @@ DecodePlan plan_decode_with(const DecodeShape& s, int batch, int64_t max_context
   KVPACK_CU_CHECK(leaf >= -1 && leaf <= 1, "plan_decode: leaf {} is not -1 (the launcher's rule), 0 or 1", leaf);
   KVPACK_CU_CHECK(leaf < 0 || std::string(decode_kernel_name(s.format)) == "lean",
                   "plan_decode: leaf {} given for format '{}', which runs on the regular kernel (leaf mode is the lean "
-                  "kernel's: q4, q3)", leaf, format_name(s.format));
+                  "kernel's: q4, q3.5, q3)", leaf, format_name(s.format));
   KVPACK_CU_CHECK(num_splits >= 1, "plan_decode: num_splits {} must be >= 1", num_splits);
   KVPACK_CU_CHECK(stages >= 2 && stages <= 8, "plan_decode: stages {} out of range [2, 8]", stages);
   const int group = s.num_qo_heads / s.num_kv_heads;

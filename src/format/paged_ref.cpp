@@ -65,7 +65,7 @@ PagedLayout make_paged_layout(Format format, int page_size, int num_kv_heads, in
   l.head_dim = head_dim;
   l.code_bytes_per_token = tb.code;
   l.meta_bytes_per_token = tb.meta;
-  if (lane_bits(format)) {  // the lane layout: a token's codes and scale byte together, in units of 16 tokens
+  if (lane_bits_x2(format)) {  // the lane layout: a token's codes and scale byte together, in units of 16 tokens
     l.lanes = true;
     l.code_bytes_per_token = tb.code + tb.meta;
     l.meta_bytes_per_token = 0;
@@ -127,7 +127,7 @@ std::vector<int32_t> slots_from_csr(const CsrPageTable& t, int page_size, const 
 }
 
 namespace {
-// The lane layout (q4, q3): the unit holding token `off` of a (page, head) block, and the token's index in it.
+// The lane layout (q4, q3.5, q3): the unit holding token `off` of a (page, head) block, and the token's index in it.
 template <class Pool>
 Pool* lane_unit(const PagedLayout& l, Pool* pool, int64_t page, int head, int off) {
   return pool + page * l.page_bytes() + head * l.head_block_bytes + int64_t{off / 16} * 16 * l.code_bytes_per_token;
@@ -138,6 +138,9 @@ void with_lanes(Format f, bool is_v, Fn&& fn) {
   if (f == Format::q4) {
     if (is_v) fn.template operator()<block::Q4Block<D>, block::Q4Lanes<D, true>>();
     else fn.template operator()<block::Q4Block<D>, block::Q4Lanes<D, false>>();
+  } else if (f == Format::q3_5) {
+    if (is_v) fn.template operator()<block::Q35Block<D>, block::Q35Lanes<D, true>>();
+    else fn.template operator()<block::Q35Block<D>, block::Q35Lanes<D, false>>();
   } else {
     if (is_v) fn.template operator()<block::Q3Block<D>, block::Q3Lanes<D, true>>();
     else fn.template operator()<block::Q3Block<D>, block::Q3Lanes<D, false>>();

@@ -76,7 +76,7 @@ QHostParams synthetic_q_params(Format f, bool is_v, int num_heads, int D, uint64
       }
       ++bits[best];
     }
-    if (const int lb = lane_bits(f))  // the fixed pattern (include/kvpack/block/q_lanes.h); the energies above are still drawn
+    if (const int lb = lane_bits_x2(f))  // the fixed pattern (include/kvpack/block/q_lanes.h); the energies above are still drawn
       for (int g = 0; g < groups; ++g) bits[g] = block::lane_group_bits(lb, D, is_v, g);
     for (int g = 0; g < groups; ++g) {
       q.group_bits[h * groups + g] = static_cast<uint8_t>(bits[g]);

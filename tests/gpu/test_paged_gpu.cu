@@ -288,7 +288,7 @@ Errors compare(const PagedBatch& pb, const std::vector<uint16_t>& q, int qo_head
     e.lse_gpu = std::max(e.lse_gpu, std::abs(r.lse[i] - lref[i]));
     e.lse_plain = std::max(e.lse_plain, std::abs(lplain[i] - lref[i]));
   }
-  if (lane_bits(pb.layout.format)) {
+  if (lane_bits_x2(pb.layout.format)) {
     // q4 / q3 run on the f16 tensor cores with the query folded into f16 operands (unit roundoff 2^-11 per
     // element; src/cuda/decode_lean.cuh), where the plain implementation keeps fp32: a score moves by at most
     // 2^-11 sum_d |q_d k_d| sm, and the LSE by at most the largest such move. The bound is computed in the model's
