@@ -214,6 +214,8 @@ struct QLanes {
   static KVPACK_HD uint16_t piece_value_of(CodeOf&& code_of, uint8_t e, int j) {
     const int slot = piece_slot(j), mem = piece_member(j);
     uint32_t h = 0;
+    // Unrolled: group(i) is then a constant (a runtime index would copy the table to local memory: v44).
+    KVPACK_UNROLL
     for (int i = 0; i < kGroups; ++i) {
       const LaneGroup g = group(i);
       if (g.word != slot) continue;
@@ -230,6 +232,7 @@ struct QLanes {
   // The inverse: piece j's codes into k[], its scale bit into e (the caller starts e at 0).
   static KVPACK_HD void piece_read(uint16_t h, int j, int* k, uint8_t& e) {
     const int slot = piece_slot(j), mem = piece_member(j);
+    KVPACK_UNROLL
     for (int i = 0; i < kGroups; ++i) {
       const LaneGroup g = group(i);
       if (g.word != slot) continue;
