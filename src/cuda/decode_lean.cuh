@@ -576,10 +576,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
         lean_q_rows<LV>(st_base + u * 2 * Geo::kUnitBytes + Geo::kUnitBytes, lane, v0, v1, t0w, t1w);
         // V scale bytes: bit g' of token 2q' (+1, +8, +9) is bit 15 / 31 of lane (g', q')'s last word of that pair.
         const uint32_t la = v0[LV::kScaleSlot], lb = v1[LV::kScaleSlot];
-        const uint32_t B0 = __ballot_sync(0xffffffffu, (la >> 15) & 1u), B1 = __ballot_sync(0xffffffffu, la >> 31);
-        const uint32_t B2 = __ballot_sync(0xffffffffu, (lb >> 15) & 1u), B3 = __ballot_sync(0xffffffffu, lb >> 31);
-        const float tv0 = tau_s[lean_ballot_byte(g & 1 ? B1 : B0, g >> 1)];
-        const float tv8 = tau_s[lean_ballot_byte(g & 1 ? B3 : B2, g >> 1)];
+        const uint32_t bal0 = __ballot_sync(0xffffffffu, (la >> 15) & 1u), bal1 = __ballot_sync(0xffffffffu, la >> 31);
+        const uint32_t bal2 = __ballot_sync(0xffffffffu, (lb >> 15) & 1u), bal3 = __ballot_sync(0xffffffffu, lb >> 31);
+        const float tv0 = tau_s[lean_ballot_byte(g & 1 ? bal1 : bal0, g >> 1)];
+        const float tv8 = tau_s[lean_ballot_byte(g & 1 ? bal3 : bal2, g >> 1)];
         const float p0 = lean_ex2(sc[u][0] - r0), p1 = lean_ex2(sc[u][1] - r1);
         const float p2 = lean_ex2(sc[u][2] - r0), p3 = lean_ex2(sc[u][3] - r1);
         l0 += p0 + p2;
@@ -1031,10 +1031,15 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                  : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
             batch);
   static const int krows = lean_env_int("KVPACK_LEAN_KROWS", 0);
+  // KVPACK_LEAN_ONLY (measurement only: the output is then wrong): a mask of the kernels launched, 1 = the query
+  // preparation, 2 = the lean kernel, 4 = the merge, to time each alone (bench/NOTES.md v44).
+  static const int only = lean_env_int("KVPACK_LEAN_ONLY", 7);
   const bool pdl = lean_pdl_applies();
   if constexpr (B2 != 0)
-    lean_launch(lean_q_prep_kernel<D, B2>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, 0, stream, false, kp);
-  lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows);
+    if (only & 1)
+      lean_launch(lean_q_prep_kernel<D, B2>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, 0, stream, false, kp);
+  if (only & 2)
+    lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows);
   // Merge slices: up to kMergeSlices fold groups at once while the merge grid still fits one wave at that block size's
   // occupancy (80 registers: 1 CTA of 512 threads per SM, 3 of 256, 6 of 128). Measured (v40, H100, same call): 4
   // slices 1.25-1.7x faster than 1 at batch 1-8 (8-256 merge CTAs), 6% slower at 8q/1kv batch 64 (512 CTAs: 4 waves
@@ -1045,7 +1050,8 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                                    lean_merge_occupancy<D, B2>(4)};
   const int slices = lean_merge_slices(int64_t{kp.num_kv_heads} * batch * kp.group, kp.max_groups, device_sm_count(),
                                        merge_occ, slices_env);
-  lean_launch(lean_merge_kernel<D, B2>, dim3(kp.num_kv_heads, batch, kp.group), slices * D, 0, stream, pdl, kp);
+  if (only & 4)
+    lean_launch(lean_merge_kernel<D, B2>, dim3(kp.num_kv_heads, batch, kp.group), slices * D, 0, stream, pdl, kp);
 }
 
 }  // namespace kvpack::cuda_detail
