@@ -17,8 +17,8 @@
 // Numerical definition (what makes every plan give the same bits): a chunk's partial is a left fold over its four
 // 128-token leaves, acc = merge(acc, leaf), where a leaf is an online softmax over its four 32-token steps in order;
 // merge() and the leaf arithmetic are fixed, so the partial depends only on the chunk's tokens. The partials go to
-// the workspace slots of the regular kernel and lean_merge_kernel folds them with a fixed two-level tree (groups of
-// kFoldChunks chunks, each folded at its max in chunk order, then the groups merged in order).
+// the workspace slots of the regular kernel and lean_merge_kernel folds them with the same two-level tree (groups
+// of kFoldChunks chunks in order, then the groups in order).
 #pragma once
 #include <cuda_fp16.h>
 #include <cstdint>
@@ -726,9 +726,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
   const block::QParams kq = p.fp.qk.head(h, D);
   const int64_t bh = int64_t{b} * p.num_kv_heads + h;
   float4* hc = p.ws_qc + bh * 8;
-  // G's column loads all in flight at once (v44; 32 at a time before: D / 32 dependent L2 round trips), summed in
-  // order over r as before: the same sums.
-  constexpr int kBatch = D;
+  // G's column loads 32 at a time (in order over r: the sums are those of v36's 16 at a time).
+  constexpr int kBatch = 32;
   for (int c = tid; c < D; c += kThreads) {
     float a[8];
 #pragma unroll
@@ -795,8 +794,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
 
 // One CTA per (sequence, kv head, query head of the group), S x D threads (S = blockDim.x / D slices: 1, 2 or 4,
 // chosen by launch_lean): fold the chunk partials with the
-// fixed two-level tree (chunks 16 g .. 16 g + 15: their max, then their sums at that max in chunk order; then the
-// groups in order, merged one by one; a sequence of <= 16 chunks is one group), then the output. Slice s (threads s D .. s D + D - 1, one per channel) folds groups s, s + S, ...
+// fixed two-level tree (chunks 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one
+// group), then the output. Slice s (threads s D .. s D + D - 1, one per channel) folds groups s, s + S, ...
 // (their L2 loads in flight together), and slice 0 folds the slices' group results in group order: the tree and the
 // bits of one slice folding every group, a quarter of its dependent L2 rounds (v37: 16 groups at 128k).
 //
@@ -844,21 +843,9 @@ __global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const Deco
         ml[j] = j < cnt ? __ldcg(p.ws_ml + slot * p.group + hg) : make_float2(-INFINITY, 0.f);
         a[j] = j < cnt ? __ldcg(p.ws_acc + slot * p.group * D + i) : 0.f;
       }
-      // v44: the group's max first, then its chunks' weights 2^(m_j - max) (independent of each other) summed in
-      // chunk order; before, 16 dependent merges (each rescaling the running sums) made one group ~3 us at batch 1.
-      float mg = -INFINITY;
 #pragma unroll
       for (int j = 0; j < kFoldChunks; ++j)
-        if (j < cnt) mg = fmaxf(mg, ml[j].x);
-      const float mr = mg == -INFINITY ? 0.f : mg;
-#pragma unroll
-      for (int j = 0; j < kFoldChunks; ++j)
-        if (j < cnt) {
-          const float w = exp2f(ml[j].x - mr);
-          l = fmaf(ml[j].y, w, l);
-          o = fmaf(a[j], w, o);
-        }
-      m = mg;
+        if (j < cnt) merge(m, l, o, ml[j].x, ml[j].y, a[j]);
     }
     if (slice > 0) {
       fo_s[slice][r] = o;
