@@ -23,7 +23,7 @@ namespace kvpack {
 inline constexpr int kChunkTokens = 512;
 // Chunks per fold group of the two-level merge (see above). Also part of the numerical definition of the output.
 inline constexpr int kFoldChunks = 16;
-// Warps per CTA of the lean decode kernel (q4 / q3): a chunk is that many 128-token leaves (leaf mode gives each
+// Warps per CTA of the lean decode kernel (q4 / q3.5 / q3): a chunk is that many 128-token leaves (leaf mode gives each
 // warp one), and warp mode's split counts are multiples of it.
 inline constexpr int kLeanCtaWarps = 4;
 
@@ -71,10 +71,10 @@ struct DecodePlan {
   DecodeShape shape;
   int batch = 0;
   int64_t max_context = 0;   // longest sequence the plan accepts (tokens); longer ones set status and are cut
-  int num_splits = 1;        // CTAs per (sequence, kv head) (the lean kernel of q4 / q3: warps per (sequence, kv
+  int num_splits = 1;        // CTAs per (sequence, kv head) (the lean kernel of q4 / q3.5 / q3: warps per (sequence, kv
                              // head), rounded up to a multiple of 4); chunks are dealt to them round-robin
   int stages = 4;            // cp.async pipeline depth (tiles in flight per CTA)
-  // The lean kernel's (q4 / q3) mode: 1 = leaf mode (one CTA per chunk, num_splits not read), 0 = warp mode
+  // The lean kernel's (q4 / q3.5 / q3) mode: 1 = leaf mode (one CTA per chunk, num_splits not read), 0 = warp mode
   // (num_splits warps per (sequence, kv head)), -1 = the launcher's rule (lean_default_leaf: leaf mode when one warp
   // per chunk would not fill the GPU's warp slots once). Both modes give the same bits. The regular kernel ignores it.
   int leaf = -1;
@@ -92,7 +92,7 @@ struct TuneEntry {
   int num_splits = 1;
   int stages = 4;
   double median_us = 0;
-  // The kernel it was measured on ("regular", or "lean" for q4 / q3; JSON field "kernel", absent = "regular"):
+  // The kernel it was measured on ("regular", or "lean" for q4 / q3.5 / q3; JSON field "kernel", absent = "regular"):
   // plan_decode takes an entry only for the kernel its format runs on now (decode_kernel_name), since the two read
   // num_splits differently.
   std::string kernel = "regular";
@@ -130,7 +130,7 @@ struct TuningTable {
 // multiples of `step` (the lean kernel: warps per (sequence, kv head), a multiple of its 4 warps per CTA, with
 // `slots` counted in warps). Host code.
 int wave_model_splits(int64_t units, int64_t chunks, int64_t slots, int step = 1);
-// The lean kernel's default configuration (q4 / q3 without a tuned entry; bench/NOTES.md v43): leaf mode (one CTA
+// The lean kernel's default configuration (q4 / q3.5 / q3 without a tuned entry; bench/NOTES.md v43): leaf mode (one CTA
 // of 4 warps per chunk) when one warp per chunk, units x chunks warps, would not fill the GPU's `warp_slots` (SMs x
 // resident CTAs x 4) once; else warp mode with one warp per chunk: lean_default_splits(chunks) warps per (sequence,
 // kv head), `chunks` rounded up to the CTA's 4 warps. Measured (v41, H100, kvpack tune --every over 24 cells): one
@@ -138,7 +138,7 @@ int wave_model_splits(int64_t units, int64_t chunks, int64_t slots, int step = 1
 // up to 7% slower, and leaf mode lost by 10-25% once one warp per chunk filled the GPU. Host code.
 bool lean_default_leaf(int64_t units, int64_t chunks, int64_t warp_slots);
 int lean_default_splits(int64_t chunks);
-// The decode kernel a format runs on: "lean" (q4, q3: their lane layout has no other reader) or "regular". Host code.
+// The decode kernel a format runs on: "lean" (q4, q3.5, q3: their lane layout has no other reader) or "regular". Host code.
 const char* decode_kernel_name(Format f);
 // The lean merge kernel's slices (fold groups folded at once; 1, 2 or 4, same bits for every count): the largest
 // power of two <= 4 and <= `fold_groups` whose grid of `merge_ctas` CTAs fits one wave, `sms` x `ctas_per_sm[i]`
@@ -155,7 +155,7 @@ const TuningTable* builtin_tuning_table(const std::string& gpu_name);
 // Host only; never touches the device except to read the SM count and name once (cached). A table whose gpu/version
 // do not match the running ones (or none), or that has no entry for the shape (TuningTable::find), gives way to the
 // built-in table of the running GPU when there is one, else to the fallback (3 stages, splits from
-// wave_model_splits; q4 / q3: lean_default_splits, one warp per chunk, and the launcher's lean_default_leaf).
+// wave_model_splits; q4 / q3.5 / q3: lean_default_splits, one warp per chunk, and the launcher's lean_default_leaf).
 DecodePlan plan_decode(const DecodeShape& shape, int batch, int64_t max_context, const TuningTable* table = nullptr);
 // The fallback configuration alone, whatever tables exist (what a GPU without a table gets; `kvpack bench --table
 // fallback` compares it with the tuned plans).
@@ -182,7 +182,7 @@ struct DecodeArgs {
 };
 // Launches only (no allocation, no synchronisation): capturable in a CUDA graph. The grid depends only on the
 // plan (batch, kv heads, max context); sequence lengths are read on the device. Throws kvpack::Error on
-// arguments that can be checked on the host (null pointers, batch mismatch, workspace too small). q4 / q3 launch
+// arguments that can be checked on the host (null pointers, batch mismatch, workspace too small). q4 / q3.5 / q3 launch
 // three kernels on `stream` (query preparation, the lean kernel, the merge); on sm_90 the second and third use
 // programmatic dependent launch against the one before them only (KVPACK_PDL=0 turns it off), so work the caller
 // enqueued before or after run_decode is ordered as with plain launches. One workspace must not be shared by

@@ -5,7 +5,7 @@
 // decode CTA that owns one kv head streams >= 256-byte runs (a 64-byte gather reaches only ~half the bandwidth).
 // Inside a head block: first the codes of page_size tokens (token-major, code_bytes_per_token each), then the
 // per-token metadata of the same tokens (meta_bytes_per_token each), then zero padding to 16 bytes. Codes and
-// metadata are kept apart so the kernel's 16-byte loads of codes never straddle a metadata byte. q4 and q3 instead
+// metadata are kept apart so the kernel's 16-byte loads of codes never straddle a metadata byte. q4, q3.5 and q3 instead
 // store units of 16 tokens in their lane layout (PagedLayout::lanes).
 #pragma once
 #include <cstddef>
@@ -26,8 +26,8 @@ struct PagedLayout {
   int code_bytes_per_token = 0; // packed codes of one token's head vector
   int meta_bytes_per_token = 0; // per-token metadata (scales) of one token's head vector
   int64_t head_block_bytes = 0; // bytes of one (page, kv head) block, a multiple of 16
-  // q4, q3: the block holds page_size / 16 units of 16 tokens in the lane layout (include/kvpack/block/q_lanes.h),
-  // codes and scale byte together: code_bytes_per_token = B head_dim / 8 (B = 4, 3), meta_bytes_per_token = 0.
+  // q4, q3.5, q3: the block holds page_size / 16 units of 16 tokens in the lane layout (include/kvpack/block/q_lanes.h),
+  // codes and scale byte together: code_bytes_per_token = B head_dim / 8 (B = 4, 3.5, 3), meta_bytes_per_token = 0.
   bool lanes = false;
   int64_t page_bytes() const { return head_block_bytes * num_kv_heads; }
   int64_t meta_offset() const { return int64_t{page_size} * code_bytes_per_token; }

@@ -49,7 +49,7 @@ class DecodeBench {
   // or plan_decode_fallback() when `fallback`. Timed as CUDA-graph replays of the rotation's launches (as a server
   // replays its decode step, and as bench/flashinfer/fi_bench.py times FlashInfer), or as eager launches when `eager`
   // or when the capture fails (DecodeTiming::timing says which).
-  // leaf >= 0 sets the plan's lean-kernel mode (DecodePlan::leaf; q4 / q3 only).
+  // leaf >= 0 sets the plan's lean-kernel mode (DecodePlan::leaf; q4 / q3.5 / q3 only).
   DecodeTiming time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table, int iters,
                            bool fallback = false, bool eager = false, int leaf = -1);
   WriteTiming time_write(int num_tokens, int iters);

@@ -12,8 +12,8 @@ int device_sm_count();        // cached after the first call
 int decode_ctas_per_sm(Format f, int head_dim, int group, int stages);  // occupancy of the decode kernel
 size_t device_smem_optin();   // cached after the first call
 int device_cc_major();        // compute capability major, 0 without a device (cached)
-inline constexpr int kLeanWarps = kLeanCtaWarps;  // warps per CTA of the lean kernel (q4 / q3; fp8 opt-in)
-int lean_ctas_per_sm(Format f, int head_dim);  // occupancy of the lean kernel (q4 / q3), cached; 3 without a device
+inline constexpr int kLeanWarps = kLeanCtaWarps;  // warps per CTA of the lean kernel (q4 / q3.5 / q3; fp8 opt-in)
+int lean_ctas_per_sm(Format f, int head_dim);  // occupancy of the lean kernel (q4 / q3.5 / q3), cached; 3 without a device
 // KVPACK_LEAN_RULE (measurement): 1 (default) the lean kernel's default plans by lean_default_leaf / _splits, 0 the
 // rules before v43 (leaf mode below 2 x SMs x 8 chunk-warps, the wave model's split count). Cached.
 int lean_env_rule();

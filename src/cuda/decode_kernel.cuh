@@ -97,8 +97,8 @@ struct DecodeKernelParams {
   float2* ws_ml;   // [batch][num_kv_heads][max_chunks][group] (max, sum) in the log2 domain
   int* sem;        // [batch][num_kv_heads] arrival counters, reset to 0 by the merging CTA (graph-safe)
   int* fold_sem;   // [batch][num_kv_heads][max_groups] fold-group arrival counters, reset by the group's folder
-  uint32_t* ws_qh;  // [batch][num_kv_heads][32 lanes][D / 8] q4 / q3: the lean kernel's prepared query fragments
-  float4* ws_qc;    // [batch][num_kv_heads][8 heads] q4 / q3: (2^-E, q'.o, q.mu, 0) per head of the group
+  uint32_t* ws_qh;  // [batch][num_kv_heads][32 lanes][D / 8] q4 / q3.5 / q3: the lean kernel's prepared query fragments
+  float4* ws_qc;    // [batch][num_kv_heads][8 heads] q4 / q3.5 / q3: (2^-E, q'.o, q.mu, 0) per head of the group
   int32_t* status;
   int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks, max_groups;
   int leaf;  // DecodePlan::leaf (the lean kernel's mode; -1: the launcher's rule)
@@ -1471,7 +1471,7 @@ void launch_decode(const DecodeKernelParams& kp, int batch, cudaStream_t stream)
   decode_kernel<P, D, GMAX, kMin><<<grid, kThreads, smem, stream>>>(kp);
 }
 
-// The lean kernel (decode_lean.cuh: q4 and q3 always, fp8 at head_dim 128 on sm_90 with KVPACK_LEAN_FP8=1): defined in
+// The lean kernel (decode_lean.cuh: q4, q3.5 and q3 always, fp8 at head_dim 128 on sm_90 with KVPACK_LEAN_FP8=1): defined in
 // decode_lean.cu; returns false when it
 // does not apply (then the regular kernel runs).
 bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, int batch, cudaStream_t st);

@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   float* t_s = F + D * kF;                           // [kTok][kRow] centred inputs
   float* y_s = G::kTiles ? t_s : t_s + kTok * kRow;  // [kTok][kRow] transformed coefficients
   __shared__ float inv_tau_s[kTok];
-  __shared__ uint8_t* codes_s[kTok];  // each token's code row in the pool (q4, q3: its unit), nullptr when not written
+  __shared__ uint8_t* codes_s[kTok];  // each token's code row in the pool (q4, q3.5, q3: its unit), nullptr when not written
   // q4, q3 (lane layout, block/q_lanes.h): each token's logical block (the block core's code bytes and scale byte),
   // built here first, then stored piece by piece (16-bit halves, 8-bit bytes) into its unit.
   constexpr int kLaneBits = lane_bits_x2(P::kFormat);

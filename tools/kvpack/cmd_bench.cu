@@ -130,7 +130,7 @@ int run_bench(const Opts& o) {
           if (t.leaf >= 0) row["leaf"] = t.leaf == 1;
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
-          // The lean kernel (q4 / q3) counts warps per (sequence, kv head) and has no pipeline-depth setting.
+          // The lean kernel (q4 / q3.5 / q3) counts warps per (sequence, kv head) and has no pipeline-depth setting.
           const bool lean = std::string(kvpack::decode_kernel_name(f)) == "lean";
           fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
                      kvpack::format_name(f), sh.qo, sh.kv, sh.d, b, c, t.median_us, t.bandwidth_tbs,
@@ -183,7 +183,7 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--json", o->json_path, "Write JSON rows here");
   app->add_option("--probe-gb", o->probe_gb, "Size of the read-bandwidth probe buffer (GB)");
   app->add_option("--leaf", o->leaf,
-                  "q4 / q3 (lean kernel): 1 = leaf mode, 0 = warp mode, -1 = the plan's choice (tuned entry or rule)")
+                  "q4 / q3.5 / q3 (lean kernel): 1 = leaf mode, 0 = warp mode, -1 = the plan's choice (tuned entry or rule)")
       ->check(CLI::Range(-1, 1));
   app->add_flag("--eager", o->eager,
                 "Time eager stream launches instead of CUDA-graph replays of the launches (rows' \"timing\")");

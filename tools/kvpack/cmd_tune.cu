@@ -60,7 +60,7 @@ int run_tune(const Opts& o) {
           kvpack::TuneEntry best;
           best.median_us = 1e30;
           // Regular kernel: CTAs per (sequence, kv head) x pipeline depth (256: since v21's two-level merge, a 128k
-          // sequence at batch 1 gains from two CTAs per SM). Lean kernel (q4 / q3): leaf mode (one CTA per chunk, the
+          // sequence at batch 1 gains from two CTAs per SM). Lean kernel (q4 / q3.5 / q3): leaf mode (one CTA per chunk, the
           // split count not read), then warp mode with warps per (sequence, kv head) in multiples of its 4 warps per
           // CTA up to one per chunk; its ring depth is fixed (stages is not read).
           const bool lean = std::string(kvpack::decode_kernel_name(f)) == "lean";
