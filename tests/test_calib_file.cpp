@@ -562,7 +562,8 @@ TEST(CalibFile, BadFilesGiveClearErrors) {
     tmp.save(p3);
   }
   EXPECT_NE(error_of([&] { Calibration::load(p3, c); }).find("group_bits"), std::string::npos);
-  // q4 widths that fill the block but are not q4's fixed pattern (a file made before the lane layout).
+  // q4 widths that fill the block but are not q4's fixed pattern (a file made before the lane layout); q3.5 the same
+  // (its per-slot widths, files made before 2026-12-06's q3.5 lane layout), on a V slot.
   {
     Calibration tmp = Calibration::load(p, c);
     auto& gb = tmp.q_mut(Format::q4).group_bits;
@@ -571,6 +572,17 @@ TEST(CalibFile, BadFilesGiveClearErrors) {
     tmp.save(p3);
   }
   EXPECT_NE(error_of([&] { Calibration::load(p3, c); }).find("fixed K pattern"), std::string::npos);
+  {
+    Calibration tmp = Calibration::load(p, c);
+    auto& gb = tmp.q_mut(Format::q3_5).group_bits;
+    const size_t v = c.head_dim / 8;  // slot 1 (V of layer 0, head 0)
+    gb[v] -= 1;
+    gb[v + 1] += 1;
+    tmp.save(p3);
+  }
+  const std::string e35 = error_of([&] { Calibration::load(p3, c); });
+  EXPECT_NE(e35.find("fixed V pattern"), std::string::npos) << e35;
+  EXPECT_NE(e35.find("q3.5"), std::string::npos) << e35;
   std::filesystem::remove(p);
   std::filesystem::remove(p3);
 }
