@@ -1480,17 +1480,24 @@ bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, in
 template <class P>
 void launch_decode_format(const DecodeKernelParams& kp, int head_dim, int batch, cudaStream_t st) {
   if (launch_lean_decode(P::kFormat, kp, head_dim, batch, st)) return;
-  KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&] {
-    if (kp.group == 1) launch_decode<P, D, 1>(kp, batch, st);
-    else if (kp.group == 2) launch_decode<P, D, 2>(kp, batch, st);
-    else if (kp.group <= 4) launch_decode<P, D, 4>(kp, batch, st);
-    else launch_decode<P, D, 8>(kp, batch, st);
-  });
+  if constexpr (lane_bits_x2(P::kFormat) != 0) {
+    // The q formats' lane layout has only the lean kernel as its reader (launch_lean_decode took it above or threw),
+    // so the regular kernel is not instantiated for them.
+    KVPACK_CU_CHECK(false, "decode: format '{}' has no regular-kernel path", format_name(P::kFormat));
+  } else {
+    KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&] {
+      if (kp.group == 1) launch_decode<P, D, 1>(kp, batch, st);
+      else if (kp.group == 2) launch_decode<P, D, 2>(kp, batch, st);
+      else if (kp.group <= 4) launch_decode<P, D, 4>(kp, batch, st);
+      else launch_decode<P, D, 8>(kp, batch, st);
+    });
+  }
 }
 // Resident CTAs per SM of this format's kernel for (head_dim, group, stages) (occupancy API; 1 without a GPU).
 template <class P>
 int ctas_per_sm_format(int head_dim, int group, int stages) {
-  return KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&]() -> int {
+  if constexpr (lane_bits_x2(P::kFormat) != 0) return lean_ctas_per_sm(P::kFormat, head_dim);  // lean kernel only
+  else return KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&]() -> int {
     auto q = [&](auto kernel, size_t smem) {
       int n = 0;
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess) {
