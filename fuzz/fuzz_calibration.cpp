@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kvpack/block/q_lanes.h"
 #include "kvpack/block/qx.h"
 #include "kvpack/calibration.h"
 #include "kvpack/error.h"
@@ -33,11 +34,15 @@ void write_seed(const std::string& dir) {
     kvpack::QFormatTables& t = cal.q_mut(f);
     const int D = 64, G = D / 8, bytes = kvpack::block::q_code_bytes(t.bits_x2, D);
     for (int s = 0; s < t.n_slots; ++s) {
-      for (int g = 0, left = bytes; g < G; ++g) {  // widths as even as the budget allows, non-increasing
-        const int b = (left + (G - g) - 1) / (G - g);
+      // The format's fixed width pattern (block/q_lanes.h; slot s is K for even s, V for odd): the loader rejects
+      // any other widths, so a seed with other widths would never reach the checks past that one.
+      int sum = 0;
+      for (int g = 0; g < G; ++g) {
+        const int b = kvpack::block::lane_group_bits(t.bits_x2, D, s % 2 == 1, g);
         t.group_bits[static_cast<size_t>(s) * G + g] = static_cast<uint8_t>(b);
-        left -= b;
+        sum += b;
       }
+      if (sum != bytes) std::abort();
       for (int i = 0; i < D; ++i) {
         t.fwd[(static_cast<size_t>(s) * D + i) * D + i] = 1.0f;
         t.inv[(static_cast<size_t>(s) * D + i) * D + i] = 1.0f;
