@@ -48,7 +48,7 @@ struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
   static constexpr bool kWordMajor = B2 == 6 || B2 == 7;  // q3, q3.5: units copied whole, read word-major
   static constexpr int kStages = kWordMajor ? 4 : 3;
-  static constexpr int kUnitBytes = kQ ? B2 * D : 16 * D;  // one 16-token unit of K (or V)
+  static constexpr int kUnitBytes = kQ ? block::QLanes<kQ ? B2 : 8, D, false>::kUnitBytes : 16 * D;  // 16 tokens of K (or V)
   static constexpr int kStageBytes = 4 * kUnitBytes;        // per warp: a step's 2 units of K and of V
   static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
   static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
   // V's unit = K's unit + this (the pools share one layout: same page, same head, same token offset).
   const int64_t vk_delta =
       static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v_pool) - reinterpret_cast<uintptr_t>(p.k_pool));
-  constexpr int kTokBytes = kLaneQ ? B2 * D / 16 : D;  // bytes per token of one head's K (or V) in a page
+  constexpr int kTokBytes = kLaneQ ? LK::kTokenBytes : D;  // bytes per token of one head's K (or V) in a page
   bool bad_page = false;
   // The warp's steps (32 tokens each): chunks split, split + cstride, ... (leaf mode: chunk `split` only), steps
   // [s_begin, s_end) of each (warp mode: all 16; leaf mode: leaf `warp`, kLeafSteps steps). Positions are int:
