@@ -188,10 +188,10 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   float* y_s = G::kTiles ? t_s : t_s + kTok * kRow;  // [kTok][kRow] transformed coefficients
   __shared__ float inv_tau_s[kTok];
   __shared__ uint8_t* codes_s[kTok];  // each token's code row in the pool (q4, q3.5, q3: its unit), nullptr when not written
-  // q4, q3 (lane layout, block/q_lanes.h): each token's logical block (the block core's code bytes and scale byte),
-  // built here first, then stored piece by piece (16-bit halves, 8-bit bytes) into its unit.
-  constexpr int kLaneBits = lane_bits_x2(P::kFormat);
-  constexpr bool kLanes = kLaneBits != 0;
+  // q4, q3.5, q3 (lane layout, block/q_lanes.h): each token's logical block (the block core's code bytes and scale byte),
+  // built here first, then stored piece by piece (16-bit halves, 8-bit bytes, q3.5's nibble bytes) into its unit.
+  constexpr int kLaneB2 = lane_bits_x2(P::kFormat);
+  constexpr bool kLanes = kLaneB2 != 0;
   constexpr int kBlk = kLanes ? kCode + 1 : 1;
   __shared__ uint8_t blk_s[kLanes ? kTok : 1][kBlk];
   __shared__ uint8_t tin_s[kLanes ? kTok : 1];  // the token's index in its unit
@@ -332,8 +332,8 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
     // One thread per (token, piece): the piece's bits from the logical block, one 16- or 8-bit store (a piece holds
     // bits of its token only, so tokens written by other launches or threads are never touched).
     __syncthreads();
-    using L = block::QLanes<kLaneBits ? kLaneBits : 8, D, false>;
-    using LV = block::QLanes<kLaneBits ? kLaneBits : 8, D, true>;
+    using L = block::QLanes<kLaneB2 ? kLaneB2 : 8, D, false>;
+    using LV = block::QLanes<kLaneB2 ? kLaneB2 : 8, D, true>;
     static_assert(L::kPieces == LV::kPieces, "K and V tokens own as many pieces");
     for (int i = threadIdx.x; i < kTok * L::kPieces; i += blockDim.x) {
       const int tt = i / L::kPieces, j = i % L::kPieces;
@@ -413,13 +413,13 @@ __global__ void dequant_pages_q_kernel(const uint8_t* __restrict__ pool, int64_t
   const int head = static_cast<int>(r % num_kv_heads);
   const uint8_t* block = pool + r * head_block_bytes;
   const block::QParams qp = (is_v ? params.qv : params.qk).head(head, D);
-  if constexpr (constexpr int kLaneBits = lane_bits_x2(P::kFormat)) {
+  if constexpr (constexpr int kLaneB2 = lane_bits_x2(P::kFormat)) {
     // The lane layout: the token's pieces back into its logical block (block/q_lanes.h), then the block core.
     const uint8_t* unit = block + int64_t{off / 16} * 16 * (P::code_bytes(D) + 1);
     int k[D];
     uint8_t lb[P::code_bytes(D) + 1], e = 0;
-    if (is_v) block::QLanes<kLaneBits, D, true>::load_token(unit, off % 16, k, e);
-    else block::QLanes<kLaneBits, D, false>::load_token(unit, off % 16, k, e);
+    if (is_v) block::QLanes<kLaneB2, D, true>::load_token(unit, off % 16, k, e);
+    else block::QLanes<kLaneB2, D, false>::load_token(unit, off % 16, k, e);
     P::template Block<D>::pack(qp, k, lb);
     lb[P::code_bytes(D)] = e;
     P::template Block<D>::decode(qp, lb, lb + P::code_bytes(D), out + idx * D);
