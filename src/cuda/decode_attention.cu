@@ -6,9 +6,19 @@ namespace kvpack {
 
 using namespace cuda_detail;
 
+namespace {
+// The regular kernel's ring stage; the q formats decode on the lean kernel, whose ring is not counted in the plan's
+// stages: nothing.
+template <class P, int D>
+size_t stage_bytes_of() {
+  if constexpr (P::kQ) return 0;
+  else return Geo<P, D>::kStageBytes;
+}
+}  // namespace
+
 size_t decode_stage_bytes(Format f, int head_dim) {
   return KVPACK_DISPATCH_FORMAT(f, P, [&]() -> size_t {
-    return KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&]() -> size_t { return Geo<P, D>::kStageBytes; });
+    return KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&]() -> size_t { return stage_bytes_of<P, D>(); });
   });
 }
 size_t decode_smem_bytes(Format f, int head_dim, int group, int stages) {

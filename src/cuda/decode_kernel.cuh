@@ -6,7 +6,7 @@
 // Structure of one CTA (256 threads, one kv head of one sequence, chunks split, split+S, split+2S, ...):
 //   a ring of `stages` tiles (each tile = kTile tokens of K or of V, codes then metadata; on sm_90 filled by bulk
 //   copies that warp 0 issues, one per page run, on sm_80 by cp.async) streams K tiles then V tiles of every chunk;
-//   per chunk: scores for all its tokens (tensor cores for bf16/fp8/q formats, an octet-per-thread FMA loop for
+//   per chunk: scores for all its tokens (tensor cores for bf16/fp8, an octet-per-thread FMA loop for
 //   int4/int4h), an exact chunk softmax (max, exp2, sum), then P.V with fp32 accumulators (tensor cores except
 //   int4/int4h), and the chunk's partial (m, l, acc) goes to the workspace. Per-chunk arithmetic never depends on
 //   the plan, and the fold order is fixed, so results are bitwise identical across plans, batches and runs.
@@ -52,9 +52,9 @@ struct Geo {
   static constexpr int kTokPerPass = kThreads / kTPT;
   static constexpr int kSlices = kThreads / kOct;     // token slices in the P.V phase
   static constexpr int kSlicesPerWarp = 32 / kOct;    // reduced with shuffles before shared memory
-  // Codes are loaded in 16-byte pieces: whole pieces per token, or (q formats, 31/27/23/63/55/47 bytes) per page
-  // run, which needs a tile's codes to be whole pieces (then no piece crosses a page: pages hold >= 16 tokens).
-  static_assert(kCode % 16 == 0 || (P::kQ && (kTile * kCode) % 16 == 0), "codes must load in 16-byte pieces");
+  // Codes are loaded in 16-byte pieces, whole pieces per token (the page-run copies below also served the q formats'
+  // 27-63-byte token-major codes until 2026-12-06).
+  static_assert(kCode % 16 == 0, "codes must load in 16-byte pieces");
   static_assert(kMeta == 0 || 16 % (kMeta > 0 ? kMeta : 1) == 0 || kMeta % 16 == 0, "metadata pieces must tile 16 bytes");
   static_assert(kChunkTokens % kTile == 0 && kTile % kTokPerPass == 0, "tile must divide the chunk");
 };
@@ -75,7 +75,7 @@ struct WarpPipeGeo {
 };
 constexpr int kMaxDepth = 16;
 template <class P>
-inline constexpr bool kWarpPipeFormat = P::kMmaQ || (P::kMmaK && P::kMmaV);
+inline constexpr bool kWarpPipeFormat = P::kMmaK && P::kMmaV;
 
 template <int GMAX>
 __host__ __device__ constexpr size_t smem_extra_bytes(int D) {
@@ -146,16 +146,6 @@ __device__ __forceinline__ int f16_range_exponent(float mx) {
   if (mx > 0.f && mx <= 3.0e38f) frexpf(mx, &e);
   return mx > 0.f && mx <= 3.0e38f ? min(max(14 - e, -120), 120) : 0;
 }
-
-// Per-thread octet state of a format: the q formats' group offset and width (OctetCtx), nothing for the others.
-template <class P, bool = P::kQ>
-struct CtxOf {
-  using type = int;
-};
-template <class P>
-struct CtxOf<P, true> {
-  using type = typename P::OctetCtx;
-};
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
   uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -240,7 +230,7 @@ struct Cursor {
 // whenever the grid has more CTAs than the GPU has SMs (run 20261203T142455Z). So they get both variants and the
 // launch picks by grid size (kFatVariant, launch_decode).
 template <class P, int GMAX>
-inline constexpr int kLeanMinBlocks = GMAX <= 4 || P::kMmaK || P::kMmaQ ? 2 : 1;
+inline constexpr int kLeanMinBlocks = GMAX <= 4 || P::kMmaK ? 2 : 1;
 template <class P, int D, int GMAX>
 inline constexpr bool kFatVariant = kLeanMinBlocks<P, GMAX> == 2 && GMAX == 8 && D == 128;
 
@@ -334,6 +324,7 @@ __device__ __forceinline__ void fold_groups(const DecodeKernelParams& p, int64_t
 
 template <class P, int D, int GMAX, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const DecodeKernelParams p) {
+  static_assert(!P::kQ, "q4 / q3.5 / q3 decode on the lean kernel only (decode_lean.cuh)");
   using Gm = Geo<P, D>;
   constexpr int kTile = Gm::kTile;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -342,9 +333,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   float* red_s = p_s + kChunkTokens * GMAX;                                           // [kSlices][GMAX][D]
   __shared__ float m_s[GMAX], l_s[GMAX];
   __shared__ int last_s;
-  // q formats: q . mu per head (log2 units) and the 256 per-token scales tau(e) (the block core's decode).
-  __shared__ float c0_s[GMAX];
-  __shared__ float tau_s[P::kQ ? 256 : 1];
 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -371,79 +359,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     // Keys are stored Hadamard-rotated: rotate the query once instead ((Hq).(Hk) = q.k), one thread per head.
     __syncthreads();
     hadamard_cooperative<GMAX, D>(q_s);
-  }
-  // Tensor-core q path: thread (r = lane / 4, t4 = lane % 4) decodes K groups t4 + 4j (its k-slice of the score
-  // mma) and V groups r + 8j (its rows of the swap-AB P.V mma) for the CTA's whole life.
-  [[maybe_unused]] typename CtxOf<P>::type kctxm[P::kMmaQ ? D / 32 : 1], vctxm[P::kMmaQ ? D / 64 : 1];
-  __shared__ float qscale_s[GMAX], qunscale_s[GMAX];
-  __shared__ uint4 qfrag_s[P::kMmaQ ? D / 16 * 32 : 1];
-  // v24: the octets' per-width constants (OctetCtx minus the byte offset: mask, f16 offset, shifts) of K groups
-  // [0, D/8) and V groups [D/8, D/4), one 16-byte load per group and step; kept per thread in registers they did
-  // not fit the register budget, and the compiler recomputed them from the bit width at every step (~11
-  // instructions per group and step).
-  __shared__ uint4 octx_s[P::kMmaQ ? D / 4 : 1];
-  if constexpr (P::kQ) {
-    // q . x^ = q . mu + tau * sum_c ((G^T q)_c s_c / 2) * 2 (k_c - o_c): the transformed query goes to red_s (free
-    // until the first P.V reduction), q . mu to c0_s. Fixed summation order: the same bits in every CTA and plan.
-    __syncthreads();
-    // Every CTA pays this (v8: 128 dependent global loads per thread, ~30 us per CTA, which dominated configurations
-    // with many CTAs); now a thread owns one column of G for all heads and loads 16 rows at a time. Per head the
-    // sum still runs over r = 0, 1, 2, ... in order, so the bits are those of v8.
-    const block::QParams kq = p.fp.qk.head(h, D);
-    for (int c = tid; c < D; c += kThreads) {
-      float a[GMAX];
-#pragma unroll
-      for (int g = 0; g < GMAX; ++g) a[g] = 0.f;
-#pragma unroll 1
-      for (int r0 = 0; r0 < D; r0 += 32) {  // v20: 32 rows in flight (was 16), the same order of the sum
-        float gv[32];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) gv[j] = __ldg(kq.inv + (r0 + j) * D + c);
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-#pragma unroll
-          for (int g = 0; g < GMAX; ++g) a[g] = fmaf(gv[j], q_s[g * D + r0 + j], a[g]);
-      }
-      const float sc = kq.group_bits[c / 8] ? kq.step[c] * 0.5f : 0.f;
-#pragma unroll
-      for (int g = 0; g < GMAX; ++g) red_s[g * D + c] = kq.group_bits[c / 8] ? a[g] * sc : 0.f;
-    }
-    // q . mu: mu staged in p_s (free until the first scores) by all threads, then the same serial sum per head.
-    for (int r = tid; r < D; r += kThreads) p_s[r] = __ldg(kq.mean + r);
-    __syncthreads();
-    if (tid < GMAX) {
-      float a = 0.f;
-#pragma unroll 16
-      for (int r = 0; r < D; ++r) a = fmaf(q_s[tid * D + r], p_s[r], a);
-      c0_s[tid] = a;
-    }
-    for (int i = tid; i < 256; i += kThreads) tau_s[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
-    if constexpr (P::kMmaQ) {
-      if (tid < D / 4) {
-        const int g = tid % (D / 8);
-        octx_s[tid] = P::octet_pack(P::octet_ctx(tid < D / 8 ? kq.group_bits : p.fp.qv.head(h, D).group_bits, g));
-      }
-      // f16 operands: scale each head's transformed query by a power of two so its largest element lies in
-      // [2^13, 2^14) (full f16 precision, far from overflow); the fp32 score is scaled back exactly.
-      __syncthreads();
-      if (warp < GMAX) {
-        float mx = 0.f;
-        for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(red_s[warp * D + c]));
-#pragma unroll
-        for (int off = 16; off >= 1; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const int E = f16_range_exponent(mx);
-        if (lane == 0) {
-          qscale_s[warp] = ldexpf(1.f, E);
-          qunscale_s[warp] = ldexpf(1.f, -E);
-        }
-      }
-      const int r = lane >> 2, t4 = lane & 3;
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) kctxm[j] = P::octet_ctx(kq.group_bits, t4 + 4 * j);
-      const uint8_t* vbits = p.fp.qv.head(h, D).group_bits;
-#pragma unroll
-      for (int j = 0; j < D / 64; ++j) vctxm[j] = P::octet_ctx(vbits, r + 8 * j);
-    }
   }
 
   auto ntiles = [&](int c) {
@@ -584,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     __syncthreads();
   }
 
-  constexpr int kAccRows = P::kMmaQ || P::kMmaV ? 1 : GMAX;
+  constexpr int kAccRows = P::kMmaV ? 1 : GMAX;
   float acc[kAccRows][8];
 #pragma unroll
   for (int g = 0; g < kAccRows; ++g)
@@ -592,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
   // Tensor-core q path: O^T fragments, m-tile mt = rows (channel mt % 4, channel mt % 4 + 4) of group r + 8 (mt / 4),
   // columns = query heads 2 t4, 2 t4 + 1.
-  constexpr int kAcc2 = P::kMmaQ || P::kMmaV ? D / 16 : 1;
+  constexpr int kAcc2 = P::kMmaV ? D / 16 : 1;
   [[maybe_unused]] float acc2[kAcc2][4];
 #pragma unroll
   for (int m = 0; m < kAcc2; ++m)
@@ -611,42 +526,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   __syncthreads();  // q_s visible
   // This thread's octet of every query head, for the whole CTA lifetime: no shared-memory traffic for q.
   const int part = tid % Gm::kTPT;
-  [[maybe_unused]] float qreg[P::kMmaK || P::kMmaQ ? 1 : GMAX][8];
+  [[maybe_unused]] float qreg[P::kMmaK ? 1 : GMAX][8];
   // Tensor-core scores (kMmaK): A = the raw bf16 query (exact; 16 rows = heads, rows >= 8 zero), its columns
   // permuted like the format's B fragments (mma_dim_base); the softmax scale multiplies the fp32 score afterwards.
   [[maybe_unused]] uint32_t qa[P::kMmaK ? D / 16 : 1][2];
-  [[maybe_unused]] float qun2[2] = {0.f, 0.f}, c02[2] = {0.f, 0.f};
-  if constexpr (P::kMmaQ) {
-    // B fragments of the score mma (swap-AB: K rows are the M dimension, query heads the N dimension) for every
-    // k-step, built once: lane (r, t4) of k-step 2j + i holds head r's channels (2i, 2i + 4) and (2i + 1, 2i + 5) of
-    // group t4 + 4j, matching octet_f16x2's pairs, each split into f16 hi + lo so the scores keep ~22 bits.
-    for (int e = tid; e < (D / 16) * 32; e += kThreads) {
-      const int ks = e / 32, ln = e % 32, r = ln >> 2, t4 = ln & 3;
-      const int j = ks / 2, i = ks % 2;
-      const bool live = r < GMAX && r < p.group;
-      const float sc = live ? qscale_s[r] : 0.f;
-      const float* g8 = red_s + (live ? r : 0) * D + 8 * (t4 + 4 * j);
-      uint32_t hl[4] = {0u, 0u, 0u, 0u};
-      if (live) {
-        const float v[4] = {g8[2 * i] * sc, g8[2 * i + 4] * sc, g8[2 * i + 1] * sc, g8[2 * i + 5] * sc};
-        const __half2 h0 = __floats2half2_rn(v[0], v[1]), h1 = __floats2half2_rn(v[2], v[3]);
-        hl[0] = *reinterpret_cast<const uint32_t*>(&h0);
-        hl[1] = *reinterpret_cast<const uint32_t*>(&h1);
-        const float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
-        hl[2] = f32x2_to_f16x2(v[0] - f0.x, v[1] - f0.y);
-        hl[3] = f32x2_to_f16x2(v[2] - f1.x, v[3] - f1.y);
-      }
-      qfrag_s[e] = make_uint4(hl[0], hl[1], hl[2], hl[3]);
-    }
-    __syncthreads();
-    // Score constants of this thread's heads 2 t4 and 2 t4 + 1 (score phase, v15).
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int g = 2 * (lane & 3) + i;
-      qun2[i] = g < GMAX ? qunscale_s[g] : 0.f;
-      c02[i] = g < GMAX ? c0_s[g] : 0.f;
-    }
-  } else if constexpr (P::kMmaK) {
+  if constexpr (P::kMmaK) {
     const int r = lane >> 2, t4 = lane & 3;
     const uint16_t* qrow = p.q + (int64_t{b} * p.num_qo_heads + h * p.group + (r < p.group ? r : 0)) * D;
 #pragma unroll
@@ -730,36 +614,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         *reinterpret_cast<uint4*>(dst + Wp::kUnitCode + o) = make_uint4(0, 0, 0, 0);
       fence_proxy_async_smem();
     };
-    // v23 (q formats): unit descriptors per chunk, in registers. When the producer enters a chunk, lane u < 2 kSteps
-    // describes unit u of this warp (K steps, then V steps) once: page lookup, source address, byte counts, whether
-    // it needs a zero fill; issuing unit u is then lane u arming the slot's mbarrier and starting its copies. Same-run
-    // A/B: q 1.03-1.09x at batch 8-64. For bf16/fp8 the descriptors' registers made the 128-register variants
-    // spill in the loop (8q/1kv 0.89-0.96x), and descriptors in shared memory were slower (0.91-1.01x), so those
-    // formats keep the per-unit issue below (bench/NOTES.md, v23).
-    constexpr bool kDesc = P::kQ;
-    static_assert(2 * kSteps <= 32, "one lane per unit of a chunk");
-    int pc_ws = 0;                   // this warp's steps in the producer's chunk (kDesc)
-    const uint8_t* d_src = nullptr;  // lane u: unit u's first code byte (its metadata at d_src + d_moff)
-    int32_t d_moff = 0;
-    uint32_t d_bytes = 0;            // lane u: code bytes | metadata bytes << 16
-    uint32_t d_zero = 0;             // bit u: unit u needs a zero fill
-    auto describe = [&](int c) {     // warp-uniform c
-      pc_ws = wsteps(c);
-      bool z = false;
-      d_bytes = 0;
-      if (lane < 2 * kSteps && lane % kSteps < pc_ws) {
-        const UnitSrc d = unit_src(c * kChunkTokens + sub0 + (lane % kSteps) * 16);
-        z = needs_zero(d.cbytes, d.mbytes);
-        d_src = head_base(lane >= kSteps) + (d.cbytes ? d.pg : 0) * page_stride + d.coff;
-        d_moff = d.moff - d.coff;
-        d_bytes = d.cbytes | d.mbytes << 16;
-      }
-      d_zero = __ballot_sync(0xffffffffu, z);
-    };
-    if constexpr (kDesc)
-      if (pc.c < n_chunks) describe(pc.c);
     auto wnext = [&](Cursor& u) {
-      if (++u.tile < (kDesc ? pc_ws : wsteps(u.c))) return;
+      if (++u.tile < wsteps(u.c)) return;
       u.tile = 0;
       if (u.kind == 0) {
         u.kind = 1;
@@ -768,27 +624,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       u.kind = 0;
       do u.c += p.num_splits;
       while (u.c < n_chunks && wsteps(u.c) == 0);
-      if constexpr (kDesc)
-        if (u.c < n_chunks) describe(u.c);
     };
     // Unit u into ring slot s: the zero fill, then one lane arms the slot's mbarrier and issues the copies.
     auto issue_unit = [&](const Cursor& u, int s) {
       uint8_t* dst = ring + s * Wp::kUnit;
-      if constexpr (kDesc) {
-        const int lu = u.kind * kSteps + u.tile;
-        if ((d_zero >> lu) & 1u) {
-          const uint32_t bytes = __shfl_sync(0xffffffffu, d_bytes, lu);
-          zero_fill(dst, bytes & 0xffffu, bytes >> 16);
-        }
-        __syncwarp();
-        if (lane == lu) {
-          const uint32_t cbytes = d_bytes & 0xffffu, mbytes = d_bytes >> 16;
-          mbar_arrive_expect_tx(&wbar_s[warp][s], cbytes + mbytes);
-          if (cbytes) bulk_copy(dst, d_src, cbytes, &wbar_s[warp][s]);
-          if (mbytes) bulk_copy(dst + Wp::kUnitCode, d_src + d_moff, mbytes, &wbar_s[warp][s]);
-        }
-        return;
-      }
       const UnitSrc d = unit_src(u.c * kChunkTokens + sub0 + u.tile * 16);
       if (needs_zero(d.cbytes, d.mbytes)) zero_fill(dst, d.cbytes, d.mbytes);
       __syncwarp();
@@ -819,9 +658,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       cslot = cslot + 1 == depth ? 0 : cslot + 1;
     };
     // Which of a thread's 4 scores per step belongs to which of its heads / tokens.
-    constexpr int kHeadsPer = P::kMmaQ ? 2 : 1;
-    auto head_of = [&](int i) { return P::kMmaQ ? 2 * t4 + (i & 1) : r; };
-    auto tok_of = [&](int i) { return P::kMmaQ ? r + 8 * (i >> 1) : 8 * (i >> 1) + 2 * t4 + (i & 1); };
+    constexpr int kHeadsPer = 1;
+    auto head_of = [&](int) { return r; };
+    auto tok_of = [&](int i) { return 8 * (i >> 1) + 2 * t4 + (i & 1); };
 
     for (int c = split; c < n_chunks; c += p.num_splits) {
       const int chunk0 = c * kChunkTokens;
@@ -836,46 +675,17 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
           const uint8_t* meta = u + Wp::kUnitCode;
           const int t0 = chunk0 + sub0 + st * 16;
           const int valid = min(16, len32 - t0);
-          if constexpr (P::kMmaQ) {
-            const int slim = n_sink - t0;  // tokens below it are sink positions (masked out of the chunk)
-            const uint32_t* tw = reinterpret_cast<const uint32_t*>(u);
-            const int rowa = r * Gm::kCode, rowb = rowa + 8 * Gm::kCode;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            uint32_t bf[D / 16][2];
+            P::template mma_b<D>(u + (8 * nt + r) * Gm::kCode, t4, bf);
             float cc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int j = 0; j < D / 32; ++j) {
-              uint32_t lo, hi, fa[4], fb[4];
-              const auto cx = P::octet_unpack(octx_s[t4 + 4 * j], kctxm[j].off);
-              P::octet_words(tw, rowa, cx, lo, hi);
-              P::octet_f16x2(lo, hi, cx, fa);
-              P::octet_words(tw, rowb, cx, lo, hi);
-              P::octet_f16x2(lo, hi, cx, fb);
+            for (int ks = 0; ks < D / 16; ++ks) P::mma(cc, qa[ks][0], qa[ks][1], bf[ks][0], bf[ks][1]);
 #pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const uint4 qf = qfrag_s[(2 * j + i) * 32 + lane];
-                mma_f16_full(cc, fa[2 * i], fb[2 * i], fa[2 * i + 1], fb[2 * i + 1], qf.x, qf.y);
-                mma_f16_full(cc, fa[2 * i], fb[2 * i], fa[2 * i + 1], fb[2 * i + 1], qf.z, qf.w);
-              }
-            }
-            const float tau2[2] = {tau_s[meta[r]], tau_s[meta[r + 8]]};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int tok = tok_of(i);
-              const bool live = head_of(i) < GMAX && tok < valid && tok >= slim;
-              sc[st][i] = live ? fmaf(tau2[i >> 1], cc[i] * qun2[i & 1], c02[i & 1]) : -INFINITY;
-            }
-          } else {
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-              uint32_t bf[D / 16][2];
-              P::template mma_b<D>(u + (8 * nt + r) * Gm::kCode, t4, bf);
-              float cc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-              for (int ks = 0; ks < D / 16; ++ks) P::mma(cc, qa[ks][0], qa[ks][1], bf[ks][0], bf[ks][1]);
-#pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const int tok = 8 * nt + 2 * t4 + i;
-                sc[st][2 * nt + i] = r < GMAX && tok < valid ? cc[i] * qs : -INFINITY;
-              }
+            for (int i = 0; i < 2; ++i) {
+              const int tok = 8 * nt + 2 * t4 + i;
+              sc[st][2 * nt + i] = r < GMAX && tok < valid ? cc[i] * qs : -INFINITY;
             }
           }
           release_unit();
@@ -891,13 +701,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         for (int i = 0; i < 4; ++i) mw[i % kHeadsPer] = fmaxf(mw[i % kHeadsPer], sc[st][i]);
 #pragma unroll
       for (int j = 0; j < kHeadsPer; ++j) {
-        if constexpr (P::kMmaQ) {
 #pragma unroll
-          for (int off = 4; off < 32; off *= 2) mw[j] = fmaxf(mw[j], __shfl_xor_sync(0xffffffffu, mw[j], off));
-        } else {
-#pragma unroll
-          for (int off = 1; off < 4; off *= 2) mw[j] = fmaxf(mw[j], __shfl_xor_sync(0xffffffffu, mw[j], off));
-        }
+        for (int off = 1; off < 4; off *= 2) mw[j] = fmaxf(mw[j], __shfl_xor_sync(0xffffffffu, mw[j], off));
         mref[j] = mw[j] == -INFINITY ? 0.f : mw[j];  // only masked tokens: all weights 0
       }
 #pragma unroll
@@ -910,13 +715,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         }
 #pragma unroll
       for (int j = 0; j < kHeadsPer; ++j) {
-        if constexpr (P::kMmaQ) {
 #pragma unroll
-          for (int off = 4; off < 32; off *= 2) lw[j] += __shfl_xor_sync(0xffffffffu, lw[j], off);
-        } else {
-#pragma unroll
-          for (int off = 1; off < 4; off *= 2) lw[j] += __shfl_xor_sync(0xffffffffu, lw[j], off);
-        }
+        for (int off = 1; off < 4; off *= 2) lw[j] += __shfl_xor_sync(0xffffffffu, lw[j], off);
       }
       __syncwarp();
       // P.V on tensor cores, swap-AB (as the CTA-tile loop below): O^T += V^T . P^T, 16 tokens per mma k-step.
@@ -933,48 +733,19 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
             const int ta = 2 * t4 + 8 * hh;
             float w0 = 0.f, w1 = 0.f;
             if (r < GMAX) {
-              if (ta < valid) w0 = pr[ta * GMAX + r] * (P::kQ ? tau_s[meta[ta]] : 1.f);
-              if (ta + 1 < valid) w1 = pr[(ta + 1) * GMAX + r] * (P::kQ ? tau_s[meta[ta + 1]] : 1.f);
+              if (ta < valid) w0 = pr[ta * GMAX + r];
+              if (ta + 1 < valid) w1 = pr[(ta + 1) * GMAX + r];
             }
-            if constexpr (P::kMmaQ) {
-              const __half2 hw = __floats2half2_rn(w0, w1);
-              const float2 f = __half22float2(hw);
-              pb[hh] = *reinterpret_cast<const uint32_t*>(&hw);
-              pb[2 + hh] = f32x2_to_f16x2(w0 - f.x, w1 - f.y);
-            } else {
-              P::pack_w(w0, w1, pb[hh], pb[2 + hh]);
-            }
+            P::pack_w(w0, w1, pb[hh], pb[2 + hh]);
           }
-          if constexpr (P::kMmaQ) {
+          const uint8_t* ra = u + (2 * t4) * Gm::kCode;
+          uint32_t lo[D / 16][2], hi[D / 16][2];
+          P::template v_pairs<D>(ra, ra + Gm::kCode, r, lo);
+          P::template v_pairs<D>(ra + 8 * Gm::kCode, ra + 9 * Gm::kCode, r, hi);
 #pragma unroll
-            for (int gs = 0; gs < D / 64; ++gs) {
-              uint32_t fa[4][4];
-#pragma unroll
-              for (int qq = 0; qq < 4; ++qq) {
-                const int tk = 2 * t4 + (qq & 1) + 8 * (qq >> 1);
-                uint32_t lo, hi;
-                const auto cx = P::octet_unpack(octx_s[D / 8 + r + 8 * gs], vctxm[gs].off);
-                P::octet_words(reinterpret_cast<const uint32_t*>(u), tk * Gm::kCode, cx, lo, hi);
-                P::octet_f16x2(lo, hi, cx, fa[qq]);
-              }
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                const uint32_t a0 = __byte_perm(fa[0][j], fa[1][j], 0x5410), a1 = __byte_perm(fa[0][j], fa[1][j], 0x7632);
-                const uint32_t a2 = __byte_perm(fa[2][j], fa[3][j], 0x5410), a3 = __byte_perm(fa[2][j], fa[3][j], 0x7632);
-                mma_f16_full(acc2[4 * gs + j], a0, a1, a2, a3, pb[0], pb[1]);
-                mma_f16_full(acc2[4 * gs + j], a0, a1, a2, a3, pb[2], pb[3]);
-              }
-            }
-          } else {
-            const uint8_t* ra = u + (2 * t4) * Gm::kCode;
-            uint32_t lo[D / 16][2], hi[D / 16][2];
-            P::template v_pairs<D>(ra, ra + Gm::kCode, r, lo);
-            P::template v_pairs<D>(ra + 8 * Gm::kCode, ra + 9 * Gm::kCode, r, hi);
-#pragma unroll
-            for (int mt = 0; mt < D / 16; ++mt) {
-              P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[0], pb[1]);
-              P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[2], pb[3]);
-            }
+          for (int mt = 0; mt < D / 16; ++mt) {
+            P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[0], pb[1]);
+            P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[2], pb[3]);
           }
           release_unit();
         }
@@ -982,8 +753,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       // The warp's partial to shared memory, then the chunk's partial = the warps merged in order.
 #pragma unroll
       for (int mt = 0; mt < D / 16; ++mt) {
-        const int d = P::kMmaQ ? 8 * (r + 8 * (mt / 4)) + (mt % 4) : r * (D / 8) + 2 * mt;
-        const int d8 = P::kMmaQ ? d + 4 : d + 1;
+        const int d = r * (D / 8) + 2 * mt;
+        const int d8 = d + 1;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int g = 2 * t4 + i;
@@ -995,14 +766,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc2[mt][i] = 0.f;
       }
-      if constexpr (P::kMmaQ) {
-        if (r == 0)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            if (2 * t4 + j < GMAX) wml_s[warp][2 * t4 + j] = make_float2(mw[j], lw[j]);
-      } else {
-        if (t4 == 0 && r < GMAX) wml_s[warp][r] = make_float2(mw[0], lw[0]);
-      }
+      if (t4 == 0 && r < GMAX) wml_s[warp][r] = make_float2(mw[0], lw[0]);
       __syncthreads();
       const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
       for (int i = tid; i < p.group * D; i += kThreads) {
@@ -1051,46 +815,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     const bool last_tile = cons.tile + 1 == ntiles(cons.c);
 
     if (cons.kind == 0) {
-      if constexpr (P::kMmaQ) {
-        // Scores on tensor cores, swap-AB: S^T (16 tokens x heads) = K (16 tokens x D) . Q^T; warp w takes 16-token
-        // steps w, w + 8, ...; thread (r, t4) decodes its 4 (D = 128) or 2 groups of tokens r and r + 8 into A
-        // fragments and gets back their scores for heads 2 t4, 2 t4 + 1.
-        const int r = lane >> 2, t4 = lane & 3;
-        // Tokens of this tile below sink_lim are sink positions (masked out of the chunk).
-        const int64_t sl = int64_t{n_sink} - chunk0 - tloc0;
-        const int sink_lim = sl <= 0 ? 0 : (sl >= kTile ? kTile : static_cast<int>(sl));
-        for (int mt = warp; mt * 16 < valid; mt += kWarps) {
-          const int tok0 = mt * 16;
-          const uint32_t* tw = reinterpret_cast<const uint32_t*>(tile);
-          const int rowa = (tok0 + r) * Gm::kCode, rowb = rowa + 8 * Gm::kCode;
-          float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int j = 0; j < D / 32; ++j) {
-            uint32_t lo, hi, fa[4], fb[4];
-            P::octet_words(tw, rowa, kctxm[j], lo, hi);
-            P::octet_f16x2(lo, hi, kctxm[j], fa);
-            P::octet_words(tw, rowb, kctxm[j], lo, hi);
-            P::octet_f16x2(lo, hi, kctxm[j], fb);
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const uint4 qf = qfrag_s[(2 * j + i) * 32 + lane];
-              mma_f16_full(c, fa[2 * i], fb[2 * i], fa[2 * i + 1], fb[2 * i + 1], qf.x, qf.y);
-              mma_f16_full(c, fa[2 * i], fb[2 * i], fa[2 * i + 1], fb[2 * i + 1], qf.z, qf.w);
-            }
-          }
-          // v15: the heads' constants live in registers, each token's tau is looked up once, the sink test is a
-          // 32-bit compare (the same fmaf operands as before: the same bits).
-          const float tau2[2] = {tau_s[meta[tok0 + r]], tau_s[meta[tok0 + r + 8]]};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int g = 2 * t4 + (i & 1), tok = tok0 + r + 8 * (i >> 1);
-            if (g < GMAX) {
-              const bool live = tok < valid && tok >= sink_lim;
-              p_s[(tloc0 + tok) * GMAX + g] = live ? fmaf(tau2[i >> 1], c[i] * qun2[i & 1], c02[i & 1]) : -INFINITY;
-            }
-          }
-        }
-      } else if constexpr (P::kMmaK) {
+      if constexpr (P::kMmaK) {
         // Scores on tensor cores: warp w takes n-tiles of 8 tokens; thread (r = lane/4, t4 = lane%4) loads token r's
         // fragment words (16-byte loads) and gets back scores of head r for tokens 2*t4, 2*t4 + 1.
         const int r = lane >> 2, t4 = lane & 3;
@@ -1111,7 +836,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         }
       } else {
         // Scores: kOct threads per token, one octet each (q in registers); fixed-order shuffle reduction.
-        static_assert(!P::kQ, "q formats take the tensor-core paths");
         const int tk = tid / Gm::kTPT;
   #pragma unroll 2
         for (int pass = 0; pass < kTile / Gm::kTokPerPass; ++pass) {
@@ -1160,10 +884,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
           }
         }
       }
-    } else if constexpr (P::kMmaQ || P::kMmaV) {
+    } else if constexpr (P::kMmaV) {
       // P.V on tensor cores, swap-AB: O^T (head dim x heads) += V^T (head dim x 16 tokens) . P^T (16 tokens x heads).
       // Warp w takes 16-token steps w, w + 8, ...; thread (r, t4) decodes tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
-      // of its rows and pairs the tokens with byte permutes; B = p (q formats: p * tau) in f16, 0 past the valid
+      // of its rows and pairs the tokens with byte permutes; B = p in f16, 0 past the valid
       // tokens (their codes are zero-filled, so finite).
       const int r = lane >> 2, t4 = lane & 3;
       for (int s16 = warp; s16 * 16 < valid; s16 += kWarps) {
@@ -1175,58 +899,29 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
           const int ta = t0 + 2 * t4 + 8 * hh;
           float w0 = 0.f, w1 = 0.f;
           if (r < GMAX) {
-            if (ta < valid) w0 = p_s[(tloc0 + ta) * GMAX + r] * (P::kQ ? tau_s[meta[ta]] : 1.f);
-            if (ta + 1 < valid) w1 = p_s[(tloc0 + ta + 1) * GMAX + r] * (P::kQ ? tau_s[meta[ta + 1]] : 1.f);
+            if (ta < valid) w0 = p_s[(tloc0 + ta) * GMAX + r];
+            if (ta + 1 < valid) w1 = p_s[(tloc0 + ta + 1) * GMAX + r];
           }
-          if constexpr (P::kMmaQ) {
-            const __half2 h = __floats2half2_rn(w0, w1);
-            const float2 f = __half22float2(h);
-            pb[hh] = *reinterpret_cast<const uint32_t*>(&h);
-            pb[2 + hh] = f32x2_to_f16x2(w0 - f.x, w1 - f.y);
-          } else {
-            P::pack_w(w0, w1, pb[hh], pb[2 + hh]);
-          }
+          P::pack_w(w0, w1, pb[hh], pb[2 + hh]);
         }
-        if constexpr (P::kMmaQ) {
-          // Rows of m-tile mt: channels mt % 4 and mt % 4 + 4 of group r + 8 (mt / 4).
+        // Thread r owns elements [r D/8, (r + 1) D/8) of every token; m-tile mt has rows elements 2 mt (row r)
+        // and 2 mt + 1 (row r + 8) of them.
+        const uint8_t* ra = tile + (t0 + 2 * t4) * Gm::kCode;
+        uint32_t lo[D / 16][2], hi[D / 16][2];
+        P::template v_pairs<D>(ra, ra + Gm::kCode, r, lo);
+        P::template v_pairs<D>(ra + 8 * Gm::kCode, ra + 9 * Gm::kCode, r, hi);
 #pragma unroll
-          for (int gs = 0; gs < D / 64; ++gs) {
-            uint32_t fa[4][4];
-#pragma unroll
-            for (int qq = 0; qq < 4; ++qq) {
-              const int tk = t0 + 2 * t4 + (qq & 1) + 8 * (qq >> 1);
-              uint32_t lo, hi;
-              P::octet_words(reinterpret_cast<const uint32_t*>(tile), tk * Gm::kCode, vctxm[gs], lo, hi);
-              P::octet_f16x2(lo, hi, vctxm[gs], fa[qq]);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const uint32_t a0 = __byte_perm(fa[0][j], fa[1][j], 0x5410), a1 = __byte_perm(fa[0][j], fa[1][j], 0x7632);
-              const uint32_t a2 = __byte_perm(fa[2][j], fa[3][j], 0x5410), a3 = __byte_perm(fa[2][j], fa[3][j], 0x7632);
-              mma_f16_full(acc2[4 * gs + j], a0, a1, a2, a3, pb[0], pb[1]);
-              mma_f16_full(acc2[4 * gs + j], a0, a1, a2, a3, pb[2], pb[3]);
-            }
-          }
-        } else {
-          // Thread r owns elements [r D/8, (r + 1) D/8) of every token; m-tile mt has rows elements 2 mt (row r)
-          // and 2 mt + 1 (row r + 8) of them.
-          const uint8_t* ra = tile + (t0 + 2 * t4) * Gm::kCode;
-          uint32_t lo[D / 16][2], hi[D / 16][2];
-          P::template v_pairs<D>(ra, ra + Gm::kCode, r, lo);
-          P::template v_pairs<D>(ra + 8 * Gm::kCode, ra + 9 * Gm::kCode, r, hi);
-#pragma unroll
-          for (int mt = 0; mt < D / 16; ++mt) {
-            P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[0], pb[1]);
-            P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[2], pb[3]);
-          }
+        for (int mt = 0; mt < D / 16; ++mt) {
+          P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[0], pb[1]);
+          P::mma_full(acc2[mt], lo[mt][0], lo[mt][1], hi[mt][0], hi[mt][1], pb[2], pb[3]);
         }
       }
       if (last_tile) {
 #pragma unroll
         for (int mt = 0; mt < D / 16; ++mt) {
           // Element (dimension) of rows r and r + 8 of m-tile mt.
-          const int d = P::kMmaQ ? 8 * (r + 8 * (mt / 4)) + (mt % 4) : r * (D / 8) + 2 * mt;
-          const int d8 = P::kMmaQ ? d + 4 : d + 1;
+          const int d = r * (D / 8) + 2 * mt;
+          const int d8 = d + 1;
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int g = 2 * t4 + i;
@@ -1315,124 +1010,27 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   if (n_chunks > kFoldChunks)
     fold_partials<D, kPairs, kBatch, kFoldChunks>(p, base, 0, (n_chunks + kFoldChunks - 1) / kFoldChunks, m, l, o);
   else fold_partials<D, kPairs, kBatch, 1>(p, base, 0, n_chunks, m, l, o);
-  if constexpr (P::kQ) {
-    // The chunks' sum is in the transformed domain (units 2 (k - o) p tau): scale by s/2, rotate back with G, add
-    // mu * l, then fold in the sink tokens (exact bf16, model basis) by log-sum-exp. Fixed order throughout.
-    __shared__ float2 mlq_s[GMAX];
-    const block::QParams vq = p.fp.qv.head(h, D);
-#pragma unroll
-    for (int k = 0; k < kPairs; ++k) {
-      const int i = tid + k * kThreads;
-      if (i >= npairs) continue;
-      const int g = i / D, c = i % D;
-      o_s[i] = vq.group_bits[c / 8] ? o[k] * (vq.step[c] * 0.5f) : 0.f;
-      if (c == 0) mlq_s[g] = make_float2(m[k], l[k]);
-    }
-    // Sink scores once per (head, sink), 8 bf16 per 16-byte load; fixed order over d.
-    __shared__ float ssc_s[GMAX][kSinkTokens];
-    const int64_t sink_base = sink_row * p.sink_tokens;
-    if (tid < GMAX * kSinkTokens) {
-      const int g = tid / kSinkTokens, j = tid % kSinkTokens;
-      float a = -INFINITY;
-      if (j < n_sink && g < p.group) {
-        const uint4* ks = reinterpret_cast<const uint4*>(p.k_sinks + ((sink_base + j) * H + h) * D);
-        a = 0.f;
-#pragma unroll 4
-        for (int d8 = 0; d8 < D / 8; ++d8) {
-          const uint4 w = __ldg(ks + d8);
-          const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            a = fmaf(q_s[g * D + 8 * d8 + 2 * e], __uint_as_float(ww[e] << 16), a);
-            a = fmaf(q_s[g * D + 8 * d8 + 2 * e + 1], __uint_as_float(ww[e] & 0xffff0000u), a);
-          }
-        }
-      }
-      ssc_s[g][j] = a;
-    }
-    __syncthreads();
-    // v20: one thread per row r of G for all heads (v8-v19: one per (head, row), i.e. each row fetched group times
-    // by dependent 64-byte steps): the row is read once, 128 bytes per step, and every (head, row) sum still starts
-    // at mu_r l and runs over c in order, so the bits are unchanged. The sinks' values are read once per row too.
-    for (int r = tid; r < D; r += kThreads) {
-      const float mean_r = __ldg(vq.mean + r);
-      float u[GMAX];
-#pragma unroll
-      for (int g = 0; g < GMAX; ++g) u[g] = g < p.group ? mean_r * mlq_s[g].y : 0.f;
-      const float4* grow = reinterpret_cast<const float4*>(vq.inv + r * D);
-#pragma unroll 1
-      for (int c4 = 0; c4 < D / 4; c4 += 8) {
-        float4 gv[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) gv[j] = __ldg(grow + c4 + j);
-#pragma unroll
-        for (int g = 0; g < GMAX; ++g) {
-          if (g >= p.group) break;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const float* o4 = o_s + g * D + 4 * (c4 + j);
-            u[g] = fmaf(gv[j].x, o4[0], u[g]);
-            u[g] = fmaf(gv[j].y, o4[1], u[g]);
-            u[g] = fmaf(gv[j].z, o4[2], u[g]);
-            u[g] = fmaf(gv[j].w, o4[3], u[g]);
-          }
-        }
-      }
-      float vs[kSinkTokens];
-#pragma unroll
-      for (int j = 0; j < kSinkTokens; ++j)
-        vs[j] = j < n_sink ? bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + r]) : 0.f;
-#pragma unroll
-      for (int g = 0; g < GMAX; ++g) {
-        if (g >= p.group) break;
-        const float2 ml = mlq_s[g];
-        float ssc[kSinkTokens];
-        float mt = ml.x;
-#pragma unroll
-        for (int j = 0; j < kSinkTokens; ++j) {
-          ssc[j] = ssc_s[g][j];
-          if (j < n_sink) mt = fmaxf(mt, ssc[j]);
-        }
-        const float mr = mt == -INFINITY ? 0.f : mt;
-        const float f = exp2f(ml.x - mr);
-        float lt = ml.y * f, ut = u[g] * f;
-#pragma unroll
-        for (int j = 0; j < kSinkTokens; ++j) {
-          if (j >= n_sink) continue;
-          const float e = exp2f(ssc[j] - mr);
-          lt += e;
-          ut = fmaf(e, vs[j], ut);
-        }
-        const int qh = h * p.group + g;
-        p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? ut / lt * os : 0.f);
-        if (p.lse && r == 0)
-          p.lse[int64_t{b} * p.num_qo_heads + qh] =
-              n_chunks > 0 ? (mt + log2f(lt)) * 0.69314718055994530942f : -INFINITY;
-      }
-    }
-  } else {
 #pragma unroll
   for (int k = 0; k < kPairs; ++k) {
-    const int i = tid + k * kThreads;
-    if (i >= npairs) continue;
-    const int g = i / D, d = i % D;
-    const int qh = h * p.group + g;
-    const float res = n_chunks > 0 ? o[k] / l[k] * os : 0.f;
-    if constexpr (P::kRotate) o_s[i] = res;
-    else p.out[(int64_t{b} * p.num_qo_heads + qh) * D + d] = f32_to_bf16(res);
-    if (p.lse && d == 0)
-      p.lse[int64_t{b} * p.num_qo_heads + qh] =
-          n_chunks > 0 ? (m[k] + log2f(l[k])) * 0.69314718055994530942f : -INFINITY;
+  const int i = tid + k * kThreads;
+  if (i >= npairs) continue;
+  const int g = i / D, d = i % D;
+  const int qh = h * p.group + g;
+  const float res = n_chunks > 0 ? o[k] / l[k] * os : 0.f;
+  if constexpr (P::kRotate) o_s[i] = res;
+  else p.out[(int64_t{b} * p.num_qo_heads + qh) * D + d] = f32_to_bf16(res);
+  if (p.lse && d == 0)
+    p.lse[int64_t{b} * p.num_qo_heads + qh] =
+        n_chunks > 0 ? (m[k] + log2f(l[k])) * 0.69314718055994530942f : -INFINITY;
   }
   if constexpr (P::kRotate) {
-    // Values are stored rotated: one inverse rotation (H = H^-1) of the output, never per element of V.
-    __syncthreads();
-    hadamard_cooperative<GMAX, D>(o_s);  // rows >= group hold stale data: transformed, never stored
-    __syncthreads();
-    for (int i = tid; i < p.group * D; i += kThreads)
-      p.out[(int64_t{b} * p.num_qo_heads + h * p.group) * D + i] = f32_to_bf16(o_s[i]);
+  // Values are stored rotated: one inverse rotation (H = H^-1) of the output, never per element of V.
+  __syncthreads();
+  hadamard_cooperative<GMAX, D>(o_s);  // rows >= group hold stale data: transformed, never stored
+  __syncthreads();
+  for (int i = tid; i < p.group * D; i += kThreads)
+    p.out[(int64_t{b} * p.num_qo_heads + h * p.group) * D + i] = f32_to_bf16(o_s[i]);
   }
-  }  // !kQ
 }
 
 // Raising the dynamic shared-memory limit is a host-side attribute, not a stream operation: done once per

@@ -1,4 +1,5 @@
-// Decode attention kernels for q3 (one translation unit per format: parallel device builds).
+// The decode dispatch entry for q3: launch_decode_format hands it to the lean kernel (decode_lean.cu); the
+// regular kernel has no q path.
 #include "decode_kernel.cuh"
 
 namespace kvpack::cuda_detail {

@@ -68,7 +68,6 @@ struct Bf16Policy {
   static constexpr int kEncodeElems = 0;  // plain copies (encode8), no slice encoder
   static constexpr bool kMmaK = true;      // scores on tensor cores (bf16 mma), v6: all GPU tests pass on the H200
   static constexpr bool kQ = false;        // not a calibrated q format (QPolicy)
-  static constexpr bool kMmaQ = false;
   static constexpr bool kMmaV = true;  // P.V on tensor cores (swap-AB, bf16 pairs of two tokens by byte permutes), v10
   __device__ __forceinline__ static int mma_dim_base(int ks, int t4) { return mma_dim_base_e<8>(ks, t4); }
   __device__ __forceinline__ static uint32_t pack_q(uint16_t lo, uint16_t hi) { return lo | (uint32_t(hi) << 16); }
@@ -153,7 +152,6 @@ struct Fp8Policy {
   static constexpr bool kHasOctetScale = false, kRotate = false, kVectorEncode = true;
   static constexpr bool kMmaK = true;   // tensor-core scores (e4m3 -> f16 exact), v6: all GPU tests pass
   static constexpr bool kQ = false;
-  static constexpr bool kMmaQ = false;
   // P.V on tensor cores too (swap-AB, e4m3 pairs of two tokens -> f16x2 with one cvt), v10
   static constexpr bool kMmaV = true;
   static constexpr int code_bytes(int D) { return block::block_layout(Format::fp8, D).code_bytes; }
@@ -268,7 +266,6 @@ struct Int4Policy {
   static constexpr bool kHasOctetScale = true, kRotate = Rotate, kVectorEncode = true;
   static constexpr bool kMmaK = false;  // CUDA-core scores (a group scale per 32 elements; tensor path not done)
   static constexpr bool kQ = false;
-  static constexpr bool kMmaQ = false;
   static constexpr bool kMmaV = false;
   __device__ __forceinline__ static int mma_dim_base(int, int) { return 0; }
   __device__ __forceinline__ static uint32_t pack_q(uint16_t, uint16_t) { return 0; }
@@ -315,102 +312,19 @@ struct Int4Policy {
   }
 };
 
-// q4 / q3.5 / q3 (block::QBlock): per (layer, kv head) a static transform, per group of 8 channels a run-time bit
-// width b (0..8) and per token one scale byte tau. In the decode kernel a thread owns the same groups for its whole
-// life (K: groups t4 + 4j, V: groups r + 8j of the mma fragments), so b, the group's byte offset and masks are
-// per-thread constants (OctetCtx); a token's group is three 32-bit shared loads + two funnel shifts, and its codes
-// become 2 k - (2^b - 1) = 2 (k - o) exactly in f16 pairs (octet_f16x2) for the tensor-core products. The factor
-// 1/2, the steps and G^T fold into the query (keys) and into the output (values); tau multiplies the score and the
-// probability; q . mu is one constant per head.
+// q4 / q3.5 / q3 (block::QBlock): the write path's view (the block core's encoder, its logical block's sizes). They
+// decode on the lean kernel only (decode_lean.cuh, the lane layout of block/q_lanes.h); the regular kernel's q path
+// (per-slot widths, token-major codes) was removed on 2026-12-06 (bench/NOTES.md v44).
 template <int BitsX2>
 struct QPolicy {
   static constexpr Format kFormat = BitsX2 == 8 ? Format::q4 : BitsX2 == 7 ? Format::q3_5 : Format::q3;
-  static constexpr bool kHasOctetScale = false, kRotate = false, kVectorEncode = true;
-  static constexpr bool kMmaK = false;
+  static constexpr bool kVectorEncode = true;
   static constexpr bool kQ = true;
   static constexpr int kEncodeElems = 0;
   static constexpr int code_bytes(int D) { return block::block_layout(kFormat, D).code_bytes; }
   static constexpr int meta_bytes(int D) { return block::block_layout(kFormat, D).meta_bytes; }
-  __device__ __forceinline__ static int mma_dim_base(int, int) { return 0; }
-  __device__ __forceinline__ static uint32_t pack_q(uint16_t, uint16_t) { return 0; }
-  __device__ __forceinline__ static void mma(float (&)[4], uint32_t, uint32_t, uint32_t, uint32_t) {}
-  template <int D>
-  __device__ __forceinline__ static void mma_b(const uint8_t*, int, uint32_t (&)[D / 16][2]) {}
   template <int D>
   using Block = block::QBlock<D, BitsX2>;
-
-  // Tensor-core path (v10): scores and P.V on mma.sync with f16 operands; the codes become 2 (k - o) exactly in f16.
-  static constexpr bool kMmaQ = true;
-  static constexpr bool kMmaV = false;
-  struct OctetCtx {
-    int off = 0;          // first code byte of the group in the token's codes
-    int b = 0;            // bits 0..8
-    uint32_t mask2x2 = 0; // ((1 << b) - 1) << 1 (the code shifted to bit 1, = 2k) in both f16 halves
-    uint32_t sub2 = 0;    // f16x2 (1024 + 2^b - 1, same): 1024 + 2k minus it is 2 (k - o), exactly
-    uint32_t sh1 = 0;     // max(b - 1, 0): code 1 of a half to bit 1
-  };
-  __device__ __forceinline__ static OctetCtx octet_ctx(const uint8_t* group_bits, int octet) {
-    OctetCtx c;
-    for (int g = 0; g < octet; ++g) c.off += group_bits[g];
-    c.b = group_bits[octet];
-    const uint32_t mask2 = ((1u << c.b) - 1u) << 1;
-    c.mask2x2 = mask2 | (mask2 << 16);
-    const uint32_t h = 0x6400u + ((1u << c.b) - 1u);  // 1024 + 2^b - 1 < 2048: f16 ulp 1, exact
-    c.sub2 = h | (h << 16);
-    c.sh1 = c.b > 0 ? static_cast<uint32_t>(c.b - 1) : 0u;
-    return c;
-  }
-  // v24: the width-dependent fields as one 16-byte value (shared memory), and back with the thread's byte offset.
-  __device__ __forceinline__ static uint4 octet_pack(const OctetCtx& c) {
-    return make_uint4(c.mask2x2, c.sub2, c.sh1, static_cast<uint32_t>(c.b));
-  }
-  __device__ __forceinline__ static OctetCtx octet_unpack(uint4 v, int off) {
-    OctetCtx c;
-    c.off = off;
-    c.b = static_cast<int>(v.w);
-    c.mask2x2 = v.x;
-    c.sub2 = v.y;
-    c.sh1 = v.z;
-    return c;
-  }
-  // The group's two 32-bit code windows: lo holds codes 0..3 (bits 0, b, 2b, 3b), hi codes 4..7. `words` is the
-  // shared-memory stage as 32-bit words (16-byte aligned) and `byte` the token row's offset in it: word indexing
-  // keeps the loads in the shared window (LDS, 32-bit addresses; a uintptr_t round trip made them generic loads).
-  // Reads up to 11 bytes past the group's first byte (inside the stage: codes are followed by the metadata area).
-  __device__ __forceinline__ static void octet_words(const uint32_t* words, int byte, const OctetCtx& c, uint32_t& lo,
-                                                     uint32_t& hi) {
-    const int a = byte + c.off;
-    const uint32_t* w = words + (a >> 2);
-    const uint32_t sh = static_cast<uint32_t>(a & 3) * 8u;
-    const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
-    lo = __funnelshift_r(w0, w1, sh);
-    const uint32_t mid = __funnelshift_r(w1, w2, sh);
-    hi = __funnelshift_rc(lo, mid, 4 * c.b);
-  }
-  // The group's 8 values 2 (k_i - o) as f16x2 pairs (c0,c4) (c1,c5) (c2,c6) (c3,c7): one byte permute puts codes
-  // 0,1 and 4,5 in the two halves of a word (2b <= 16), then each pair is one shift, one lop3 (mask | 1024's
-  // exponent: 1024 + 2k) and one hsub2, exact (integers below 2048). A 0-bit group gives zeros.
-  __device__ __forceinline__ static void octet_f16x2(uint32_t lo, uint32_t hi, const OctetCtx& c, uint32_t (&r)[4]) {
-    const uint32_t p1 = __byte_perm(lo, hi, 0x5410);
-    const uint32_t p2 = __byte_perm(lo >> (2 * c.b), hi >> (2 * c.b), 0x5410);
-    const uint32_t t[4] = {p1 << 1, p1 >> c.sh1, p2 << 1, p2 >> c.sh1};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t u = (t[i] & c.mask2x2) | 0x64006400u;
-      const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&u), *reinterpret_cast<const __half2*>(&c.sub2));
-      r[i] = *reinterpret_cast<const uint32_t*>(&d);
-    }
-  }
-  // Unused by the q path of the kernels (tensor cores, octet_f16x2); present so generic code compiles.
-  __device__ __forceinline__ static void dequant8(const uint8_t*, int, const uint8_t*, float out[8]) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = 0.f;
-  }
-  __device__ __forceinline__ static float octet_scale(const uint8_t*, int) { return 1.f; }
-  __device__ __forceinline__ static float k_token_scale(const uint8_t*) { return 1.f; }
-  __device__ __forceinline__ static float v_token_scale(const uint8_t*) { return 1.f; }
-  __device__ __forceinline__ static float q_scale(const FormatParams&, int) { return 1.f; }
-  __device__ __forceinline__ static float out_scale(const FormatParams&, int) { return 1.f; }
   template <int D>
   __device__ __forceinline__ static void encode_vec(const float* x, uint8_t* codes, uint8_t* meta,
                                                     const FormatParams& p, int h, bool is_v) {

@@ -540,11 +540,12 @@ void dequantize_pages(const PagedLayout& l, const uint8_t* pool, int64_t num_pag
         dequant_pages_q_kernel<P, D><<<dim3(static_cast<unsigned>((n + 127) / 128)), 128, 0,
                                        static_cast<cudaStream_t>(stream)>>>(
             pool, num_pages, l.num_kv_heads, l.page_size, l.head_block_bytes, is_v, params, out);
-        return;
+      } else {
+        dequant_pages_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
+                                     static_cast<cudaStream_t>(stream)>>>(pool, num_pages, l.num_kv_heads,
+                                                                          l.page_size, l.head_block_bytes, is_v,
+                                                                          params, out);
       }
-      dequant_pages_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
-                                   static_cast<cudaStream_t>(stream)>>>(pool, num_pages, l.num_kv_heads, l.page_size,
-                                                                        l.head_block_bytes, is_v, params, out);
     });
   });
   KVPACK_CUDA_CHECK(cudaGetLastError());
