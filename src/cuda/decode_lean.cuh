@@ -46,9 +46,10 @@ static_assert(kLeafSteps * kLeanWarps == kChunkSteps && kLeafSteps == 4, "a chun
 template <int D, int B2>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
-  static constexpr bool kWordMajor = B2 == 6 || B2 == 7;  // q3, q3.5: units copied whole, read word-major
+  using Lanes = block::QLanes<kQ ? B2 : 8, D, false>;  // the q formats' layout (fp8: unused)
+  static constexpr bool kWordMajor = kQ && Lanes::kWordMajor;  // q3, q3.5: units copied whole, read word-major
   static constexpr int kStages = kWordMajor ? 4 : 3;
-  static constexpr int kUnitBytes = kQ ? block::QLanes<kQ ? B2 : 8, D, false>::kUnitBytes : 16 * D;  // 16 tokens of K (or V)
+  static constexpr int kUnitBytes = kQ ? Lanes::kUnitBytes : 16 * D;  // one 16-token unit of K (or V)
   static constexpr int kStageBytes = 4 * kUnitBytes;        // per warp: a step's 2 units of K and of V
   static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
   static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
@@ -109,7 +110,7 @@ template <class L>
 __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0)[L::kSlots], uint32_t (&r1)[L::kSlots],
                                             uint32_t (&s0)[L::kSlots], uint32_t (&s1)[L::kSlots]) {
   uint32_t sw[L::kShareWords];
-  if constexpr (L::kByte == 0) {  // q4: 16-byte pieces, lane-major inside each 512-byte piece
+  if constexpr (!L::kWordMajor) {  // q4: 16-byte pieces, lane-major inside each 512-byte piece
 #pragma unroll
     for (int k = 0; k < L::kShareWords / 4; ++k)
       asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
