@@ -112,27 +112,32 @@ TEST(DecodeKernelName, LaneFormatsRunTheLeanKernel) {
 
 // The lean merge's slice rule with the H100's measured occupancy (80 registers: 6 / 3 / 1 CTAs per SM at 1 / 2 / 4
 // slices, D = 128) against the choices v40d measured best (bench/NOTES.md).
-TEST(LeanMergeSlices, OneWaveAtTheKernelsOccupancy) {
-  const int occ[3] = {6, 3, 1};
+TEST(LeanMergeSlices, OneRoundWhileOneWave) {
+  const int occ[kMergeSliceCounts] = {22, 11, 6, 3, 1};  // CTAs per SM at 1, 2, 4, 8, 16 slices
   auto ctas = [](int kv, int batch, int group) { return int64_t{kv} * batch * group; };
-  EXPECT_EQ(lean_merge_slices(ctas(1, 1, 8), 16, 132, occ), 4);    // 8q/1kv batch 1 x 128k
-  EXPECT_EQ(lean_merge_slices(ctas(8, 1, 4), 16, 132, occ), 4);    // 32q/8kv batch 1 x 128k
-  EXPECT_EQ(lean_merge_slices(ctas(1, 8, 8), 4, 132, occ), 4);     // 8q/1kv batch 8 x 32k
-  EXPECT_EQ(lean_merge_slices(ctas(8, 8, 4), 4, 132, occ), 2);     // 32q/8kv batch 8 x 32k: 256 CTAs
-  EXPECT_EQ(lean_merge_slices(ctas(1, 64, 8), 4, 132, occ), 1);    // 8q/1kv batch 64 x 32k: 512 CTAs
-  EXPECT_EQ(lean_merge_slices(ctas(8, 64, 4), 16, 132, occ), 1);   // 32q/8kv batch 64
-  // Never more slices than fold groups, always a power of two.
+  EXPECT_EQ(lean_merge_slices(ctas(1, 1, 8), 16, 132, occ), 16);   // 8q/1kv batch 1 x 128k: one round
+  EXPECT_EQ(lean_merge_slices(ctas(8, 1, 4), 16, 132, occ), 16);   // 32q/8kv batch 1 x 128k
+  EXPECT_EQ(lean_merge_slices(ctas(1, 8, 8), 16, 132, occ), 16);   // 8q/1kv batch 8 x 128k: 64 CTAs
+  EXPECT_EQ(lean_merge_slices(ctas(1, 8, 8), 4, 132, occ), 4);     // 8q/1kv batch 8 x 32k: 4 groups
+  EXPECT_EQ(lean_merge_slices(ctas(8, 8, 4), 4, 132, occ), 4);     // 32q/8kv batch 8 x 32k: 256 CTAs <= 792
+  EXPECT_EQ(lean_merge_slices(ctas(8, 8, 4), 16, 132, occ), 8);    // 32q/8kv batch 8 x 128k: 256 > 132, <= 396
+  EXPECT_EQ(lean_merge_slices(ctas(1, 64, 8), 4, 132, occ), 4);    // 8q/1kv batch 64 x 32k: 512 CTAs
+  EXPECT_EQ(lean_merge_slices(ctas(8, 64, 4), 16, 132, occ), 1);   // 32q/8kv batch 64: 2048 CTAs
+  // One round needs the next power of two of the fold groups (at most 16); 0 or 1 group: one slice.
   EXPECT_EQ(lean_merge_slices(1, 1, 132, occ), 1);
-  EXPECT_EQ(lean_merge_slices(1, 3, 132, occ), 2);
+  EXPECT_EQ(lean_merge_slices(1, 3, 132, occ), 4);
   EXPECT_EQ(lean_merge_slices(1, 0, 132, occ), 1);
+  EXPECT_EQ(lean_merge_slices(1, 40, 132, occ), 16);
   // Forced counts (KVPACK_LEAN_MERGE_SLICES) override the wave rule, not the fold groups; other values are ignored.
   EXPECT_EQ(lean_merge_slices(ctas(8, 64, 4), 16, 132, occ, 4), 4);
   EXPECT_EQ(lean_merge_slices(ctas(1, 1, 8), 16, 132, occ, 1), 1);
-  EXPECT_EQ(lean_merge_slices(1, 2, 132, occ, 4), 2);
-  EXPECT_EQ(lean_merge_slices(ctas(1, 1, 8), 16, 132, occ, 3), 4);
+  EXPECT_EQ(lean_merge_slices(ctas(1, 1, 8), 16, 132, occ, 8), 8);
+  EXPECT_EQ(lean_merge_slices(1, 2, 132, occ, 16), 2);
+  EXPECT_EQ(lean_merge_slices(ctas(1, 1, 8), 16, 132, occ, 3), 16);
+  EXPECT_EQ(lean_merge_slices(ctas(1, 1, 8), 16, 132, occ, 32), 16);
   // An occupancy of 0 (no device) counts as 1.
-  const int none[3] = {0, 0, 0};
-  EXPECT_EQ(lean_merge_slices(100, 16, 132, none), 4);
+  const int none[kMergeSliceCounts] = {0, 0, 0, 0, 0};
+  EXPECT_EQ(lean_merge_slices(100, 16, 132, none), 16);
   EXPECT_EQ(lean_merge_slices(200, 16, 132, none), 1);
 }
 

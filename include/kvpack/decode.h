@@ -140,11 +140,13 @@ bool lean_default_leaf(int64_t units, int64_t chunks, int64_t warp_slots);
 int lean_default_splits(int64_t chunks);
 // The decode kernel a format runs on: "lean" (q4, q3.5, q3: their lane layout has no other reader) or "regular". Host code.
 const char* decode_kernel_name(Format f);
-// The lean merge kernel's slices (fold groups folded at once; 1, 2 or 4, same bits for every count): the largest
-// power of two <= 4 and <= `fold_groups` whose grid of `merge_ctas` CTAs fits one wave, `sms` x `ctas_per_sm[i]`
-// (the kernel's occupancy at 1, 2, 4 slices). `forced` 1, 2 or 4 overrides the wave rule (still <= fold_groups).
-// Host code (bench/NOTES.md v40c/d: 4 slices 1.25-1.7x faster at batch 1-8; 4 waves of them 6% slower at batch 64).
-int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&ctas_per_sm)[3], int forced = 0);
+// The lean merge kernel's slices (fold groups folded per round: 1, 2, 4, 8 or 16, same bits for every count): the
+// smallest power of two >= `fold_groups` (one round; at most 16), halved while its grid of `merge_ctas` CTAs does
+// not fit one wave, `sms` x `ctas_per_sm[i]` (the kernel's occupancy at 1, 2, 4, 8, 16 slices). `forced` (one of
+// those counts) overrides the wave rule, not the fold groups. Host code (bench/NOTES.md v40c/d, v47).
+inline constexpr int kMergeSliceCounts = 5;
+int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&ctas_per_sm)[kMergeSliceCounts],
+                      int forced = 0);
 
 // The tuning tables shipped inside the library (bench/results/tune_v9.json: NVIDIA H200, tune_h100_v1.json: NVIDIA
 // H100 80GB HBM3; embedded at build time), parsed on first use; the one measured on `gpu_name` (the CUDA device

@@ -1,5 +1,6 @@
 // The wave model behind plan_decode's split count (include/kvpack/decode.h): host code, so CI tests it.
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstdint>
 
@@ -40,12 +41,15 @@ int lean_default_splits(int64_t chunks) {
 
 const char* decode_kernel_name(Format f) { return lane_bits_x2(f) ? "lean" : "regular"; }
 
-int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&ctas_per_sm)[3], int forced) {
-  const bool force = forced == 1 || forced == 2 || forced == 4;
-  int s = force ? forced : 4;
-  while (s > 1 && (s > fold_groups ||
-                   (!force && merge_ctas > int64_t{sms} * std::max(1, ctas_per_sm[s == 4 ? 2 : 1]))))
-    s /= 2;
+int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&ctas_per_sm)[kMergeSliceCounts],
+                      int forced) {
+  const int most = 1 << (kMergeSliceCounts - 1);
+  const bool force = forced >= 1 && forced <= most && (forced & (forced - 1)) == 0;
+  int need = 1;  // one round: the smallest power of two >= fold_groups
+  while (need < fold_groups && need < most) need *= 2;
+  int s = force ? std::min(forced, need) : need;
+  auto log2 = [](int v) { return std::countr_zero(static_cast<unsigned>(v)); };
+  while (!force && s > 1 && merge_ctas > int64_t{sms} * std::max(1, ctas_per_sm[log2(s)])) s /= 2;
   return s;
 }
 

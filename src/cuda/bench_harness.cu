@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "bench_harness.cuh"
+#include "decode_internal.cuh"
 #include "format_policy.cuh"
 #include "kvpack/error.h"
 
@@ -317,6 +320,16 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
     us.push_back(ms * 1e3 / rot);
   }
   KVPACK_CUDA_CHECK(cudaGetLastError());
+  // Measurement builds only (KVPACK_LEAN_STAMPS, src/cuda/lean_stamps.cuh): one more replay with the lean path's
+  // kernels stamping their phases, appended to $KVPACK_STAMPS_OUT.
+  if (const char* sp = std::getenv("KVPACK_STAMPS_OUT"); sp && exec && lean_stamps_reset()) {
+    KVPACK_CUDA_CHECK(cudaGraphLaunch(exec, cs));
+    KVPACK_CUDA_CHECK(cudaStreamSynchronize(cs));
+    const std::string label = fmt::format("{}/{}q{}kv{}/b{}/ctx{}/leaf{}/splits{}", format_name(s.format),
+                                          s.num_qo_heads, s.num_kv_heads, s.head_dim, batch, context, plan.leaf,
+                                          plan.num_splits);
+    lean_stamps_dump(sp, label.c_str());
+  }
   const bool graphed = exec != nullptr;
   if (exec) cudaGraphExecDestroy(exec);
   cudaStreamDestroy(cs);

@@ -80,6 +80,8 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
                plan.batch);
   KVPACK_CU_CHECK(a.num_pages > 0, "run_decode: num_pages {} must be > 0", a.num_pages);
   KVPACK_CU_CHECK(a.workspace, "run_decode: null workspace");
+  KVPACK_CU_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 16 == 0,
+                  "run_decode: workspace must be 16-byte aligned (partials are copied in 16-byte pieces)");
   const size_t need = decode_workspace_bytes(s, plan.batch, plan.max_chunks);
   KVPACK_CU_CHECK(need <= plan.workspace_bytes, "run_decode: plan workspace {} B is smaller than needed {} B",
                plan.workspace_bytes, need);

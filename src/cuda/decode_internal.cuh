@@ -17,4 +17,10 @@ int lean_ctas_per_sm(Format f, int head_dim);  // occupancy of the lean kernel (
 // KVPACK_LEAN_RULE (measurement): 1 (default) the lean kernel's default plans by lean_default_leaf / _splits, 0 the
 // rules before v43 (leaf mode below 2 x SMs x 8 chunk-warps, the wave model's split count). Cached.
 int lean_env_rule();
+// Tests: force the lean merge kernel's slice count (1, 2, 4, 8, 16; 0 = lean_merge_slices' rule) for later launches.
+void lean_force_merge_slices(int slices);
+// Measurement builds (KVPACK_LEAN_STAMPS, src/cuda/lean_stamps.cuh): clear the lean path's phase stamps / append them
+// to `path` under `label`. Both return false when the stamps are not compiled in.
+bool lean_stamps_reset();
+bool lean_stamps_dump(const char* path, const char* label);
 }  // namespace kvpack

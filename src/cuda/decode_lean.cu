@@ -2,6 +2,10 @@
 #include "decode_kernel.cuh"
 #include "decode_lean.cuh"
 
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
 namespace kvpack::cuda_detail {
 bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, int batch, cudaStream_t st) {
   if (const int b2 = lane_bits_x2(f)) {
@@ -27,6 +31,40 @@ bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, in
 }  // namespace kvpack::cuda_detail
 
 namespace kvpack {
+bool lean_stamps_reset() {
+#ifdef KVPACK_LEAN_STAMPS
+  const unsigned zero = 0;
+  KVPACK_CUDA_CHECK(cudaMemcpyToSymbol(cuda_detail::g_stamp_n, &zero, sizeof zero));
+  return true;
+#else
+  return false;
+#endif
+}
+// One line per record: label, then the 8 words (bench/tools/stamps.py).
+bool lean_stamps_dump(const char* path, const char* label) {
+#ifdef KVPACK_LEAN_STAMPS
+  unsigned n = 0;
+  KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(&n, cuda_detail::g_stamp_n, sizeof n));
+  n = std::min(n, cuda_detail::kStampCap);
+  std::vector<unsigned long long> r(size_t(n) * 8);
+  if (n) KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(r.data(), cuda_detail::g_stamps, r.size() * sizeof(r[0])));
+  FILE* f = std::fopen(path, "a");
+  KVPACK_CHECK(f != nullptr, "bench: cannot open the stamps file '{}'", path);
+  for (unsigned i = 0; i < n; ++i) {
+    std::fprintf(f, "%s", label);
+    for (int j = 0; j < 8; ++j) std::fprintf(f, " %llu", r[size_t(i) * 8 + j]);
+    std::fprintf(f, "\n");
+  }
+  std::fclose(f);
+  return true;
+#else
+  (void)path, (void)label;
+  return false;
+#endif
+}
+
+void lean_force_merge_slices(int slices) { cuda_detail::g_force_merge_slices.store(slices); }
+
 int lean_env_rule() {
   static const int rule = cuda_detail::lean_env_int("KVPACK_LEAN_RULE", 1);
   return rule;

@@ -21,12 +21,14 @@
 // of kFoldChunks chunks in order, then the groups in order).
 #pragma once
 #include <cuda_fp16.h>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cuda_fp8.h>
 
 #include "decode_internal.cuh"
 #include "kvpack/block/q_lanes.h"
+#include "lean_stamps.cuh"
 
 namespace kvpack::cuda_detail {
 
@@ -171,6 +173,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int H = p.num_kv_heads;
+  KVPACK_STAMP_DECL(stamps, 4);
+  KVPACK_STAMP(stamps[0]);
   // Grid (ceil(H * splits / kLeanWarps), batch): it depends on the plan only, never on the lengths.
   const bool leaf_mode = splits == 0;
 #if __CUDA_ARCH__ >= 900
@@ -478,6 +482,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
     un0 = c0.x, qo0 = c0.y, cz0 = c0.z;
     un1 = c1.x, qo1 = c1.y, cz1 = c1.z;
   }
+  KVPACK_STAMP(stamps[1]);
   reset_leaf();
   reset_chunk();
   int cc = split, cs = s_begin, slot_c = 0;  // the step to compute, its ring slot
@@ -643,6 +648,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
     if (++slot_c == kLeanStages) slot_c = 0;
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
+  KVPACK_STAMP(stamps[2]);
   if (bad_page && p.status) atomicOr(p.status, 1);
   if (leaf_mode) {
     // Each warp's leaf into its own (drained) ring, [kLeafVals values][lane]; then warp 0 folds leaves 0..3 in order
@@ -663,7 +669,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
       lw[(NO + 5) * 32 + lane] = t1s;
     }
     __syncthreads();
-    if (warp != 0) return;
+    if (warp != 0) {
+      KVPACK_STAMP(stamps[3]);
+      if (lane == 0) KVPACK_STAMP_RECORD(kLean, warp, p.table.pages, stamps, 4);
+      return;
+    }
     reset_chunk();
 #pragma unroll 1
     for (int leaf = 0; leaf < kLeanWarps; ++leaf) {
@@ -687,6 +697,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
     }
     store_chunk(split);
   }
+  KVPACK_STAMP(stamps[3]);
+  if (lane == 0) KVPACK_STAMP_RECORD(kLean, warp, p.table.pages, stamps, 4);
 #endif
 }
 
@@ -701,16 +713,30 @@ template <int D, int B2>
 __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const DecodeKernelParams p) {
   using LK = block::QLanes<B2, D, false>;
   constexpr int kKB = D / 16, kThreads = kLeanWarps * 32;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The lean kernel (launched with PDL) may start its copies now; it waits for this grid before reading its output.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  KVPACK_STAMP_DECL(stamps, 2);
+  KVPACK_STAMP(stamps[0]);
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   __shared__ float q_s[8 * D];   // q * qk_scale_log2 (heads >= group: 0)
   __shared__ float t_s[8 * D];   // q'_c 2^(24 - pos'_c)
   __shared__ __half hq_s[8 * D];  // the f16 fragments' values
   __shared__ int kexp_s[D / 8];   // per K group: the power of two 24 - pos' of its codes as read
   __shared__ float koff_s[D / 8];  // and its zero point o = (2^w - 1) / 2
+  // G (D x D floats, the head's inverse transform) staged whole with cp.async, issued first: with the query's, the
+  // scales' and mu's loads, the preparation's one memory round trip (v47; before, G's columns came 32 rows at a
+  // time: ~5 dependent round trips, 6-11 us on the critical path of every lean CTA).
+  extern __shared__ __align__(16) float g_sm[];  // [D][D] row-major
+  const block::QParams kq = p.fp.qk.head(h, D);
+  {
+    const uint32_t gs = static_cast<uint32_t>(__cvta_generic_to_shared(g_sm));
+#pragma unroll
+    for (int i = tid; i < D * D / 4; i += kThreads)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(gs + 16 * i), "l"(kq.inv + 4 * i));
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  const float step_c = tid < D ? __ldg(kq.step + tid) : 0.f;
+  float mu[D / 32];
+#pragma unroll
+  for (int k = 0; k < D / 32; ++k) mu[k] = __ldg(kq.mean + lane + 32 * k);
   if (tid == 0) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
@@ -718,41 +744,42 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
       koff_s[i] = 0.5f * static_cast<float>((1 << LK::bits(i)) - 1);
     }
   }
+#pragma unroll
   for (int i = tid; i < 8 * D; i += kThreads) {
     const int hg = i / D, r = i % D;
     q_s[i] = hg < p.group ? bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + h * p.group + hg) * D + r]) * p.qk_scale_log2
                           : 0.f;
   }
+  asm volatile("cp.async.wait_group 0;\n" ::);
   __syncthreads();
-  const block::QParams kq = p.fp.qk.head(h, D);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The lean kernel (launched with PDL) may start its copies once every preparation CTA has its inputs: launched
+  // earlier, its copies (up to ~20 MB at once) queued in front of these loads and made this kernel's one memory
+  // round trip 6-9 us (bench/NOTES.md v47). It waits for this grid's completion before reading the output.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const int64_t bh = int64_t{b} * p.num_kv_heads + h;
   float4* hc = p.ws_qc + bh * 8;
-  // G's column loads 32 at a time (in order over r: the sums are those of v36's 16 at a time).
-  constexpr int kBatch = 32;
-  for (int c = tid; c < D; c += kThreads) {
+  // Column c = tid of G^T q, summed over r in order (the sums of v36).
+  static_assert(kThreads >= D, "one thread per column");
+  if (tid < D) {
+    const int c = tid;
     float a[8];
 #pragma unroll
     for (int hg = 0; hg < 8; ++hg) a[hg] = 0.f;
-#pragma unroll 1
-    for (int r0 = 0; r0 < D; r0 += kBatch) {
-      float gv[kBatch];
+#pragma unroll 8
+    for (int r = 0; r < D; ++r) {
+      const float gv = g_sm[r * D + c];
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) gv[j] = __ldg(kq.inv + (r0 + j) * D + c);
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j)
-#pragma unroll
-        for (int hg = 0; hg < 8; ++hg) a[hg] = fmaf(gv[j], q_s[hg * D + r0 + j], a[hg]);
+      for (int hg = 0; hg < 8; ++hg) a[hg] = fmaf(gv, q_s[hg * D + r], a[hg]);
     }
-    const float up = ldexpf(__ldg(kq.step + c), kexp_s[c / 8]);
+    const float up = ldexpf(step_c, kexp_s[c / 8]);
 #pragma unroll
     for (int hg = 0; hg < 8; ++hg) t_s[hg * D + c] = a[hg] * up;
   }
   static_assert(kLeanWarps == 4, "q . mu: two heads per warp");
   float cz[2];
   {  // q . mu of heads 2 warp, 2 warp + 1: lane sums over r = lane + 32 k in order of k, then a fixed xor tree
-    float mu[D / 32];
-#pragma unroll
-    for (int k = 0; k < D / 32; ++k) mu[k] = __ldg(kq.mean + lane + 32 * k);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int hg = 2 * warp + hh;
@@ -791,148 +818,236 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
     const __half2 v = __halves2half2(hq_s[(ln / 4) * D + c], hq_s[(ln / 4) * D + c + 1]);
     __stcg(p.ws_qh + bh * 32 * 2 * kKB + i, *reinterpret_cast<const uint32_t*>(&v));
   }
+  KVPACK_STAMP(stamps[1]);
+  if (tid == 0) KVPACK_STAMP_RECORD(kPrep, 0, p.table.pages, stamps, 2);
 }
 
-// One CTA per (sequence, kv head, query head of the group), S x D threads (S = blockDim.x / D slices: 1, 2 or 4,
-// chosen by launch_lean): fold the chunk partials with the
-// fixed two-level tree (chunks 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one
-// group), then the output. Slice s (threads s D .. s D + D - 1, one per channel) folds groups s, s + S, ...
-// (their L2 loads in flight together), and slice 0 folds the slices' group results in group order: the tree and the
-// bits of one slice folding every group, a quarter of its dependent L2 rounds (v37: 16 groups at 128k).
+// One CTA per (sequence, kv head, query head of the group): fold the chunk partials with the fixed two-level tree
+// (chunks 16 g .. 16 g + 15 in order, then the groups in order; a sequence of <= 16 chunks is one group), then the
+// output. S slices (a template parameter: 1, 2, 4, 8 or 16; lean_merge_slices picks it) of kMergeSliceThreads threads
+// (D / 64 channels each) fold S groups per round: the round's partials are staged in shared memory with cp.async
+// first (one memory round trip for up to S x 16 chunks: a 128k sequence is 16 groups), then each (group, channel)
+// folds its 16 chunks from shared memory, and threads < D fold the round's group results in group order. Every S gives
+// the bits of one slice folding every group (the same merges in the same order, explicit fmaf / __fmul_rn).
+//
+// What does not depend on the lean kernel (the length, the sink scores, the output rotation's first rows of G, the
+// scales) is read before griddepcontrol.wait, while the lean kernel's last CTAs run (bench/NOTES.md v47: the merge
+// was a chain of ~8 dependent memory round trips after the wait, 8-18 us at batch 1).
 //
 // q formats: the folded sum is sum_t p_t tau_t (k_t - o) per channel (the kernel's chunk ends convert it), so the output
 // is (mu L + G (s * O)) / L with the sink tokens (exact bf16) folded in by log-sum-exp, as the regular kernel's
 // epilogue does; fixed orders throughout.
-constexpr int kMergeSlices = 4;
-template <int D, int B2>
-__global__ void __launch_bounds__(kMergeSlices * D) lean_merge_kernel(const DecodeKernelParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched with PDL: the lean grid's partials first
-#endif
-  const int b = blockIdx.y, h = blockIdx.x, H = p.num_kv_heads;
-  const int slice = threadIdx.x / D, r = threadIdx.x % D;
+constexpr int kMergeSliceThreads = 64;
+inline std::atomic<int> g_force_merge_slices{0};  // lean_force_merge_slices (tests)
+// Dynamic shared memory of a merge CTA of S slices: the round's partials (S x 16 chunks x D floats) and their (m, l).
+template <int D>
+constexpr size_t lean_merge_smem(int slices) {
+  return size_t(slices) * kFoldChunks * (D * sizeof(float) + sizeof(float2));
+}
+__device__ __forceinline__ void lean_merge_step(float& m, float& l, float mj, float lj, float& sa, float& sc) {
+  const float mn = fmaxf(m, mj);
+  const float mr = mn == -INFINITY ? 0.f : mn;
+  sa = exp2f(m - mr);
+  sc = exp2f(mj - mr);
+  l = fmaf(l, sa, __fmul_rn(lj, sc));
+  m = mn;
+}
+template <int D, int B2, int S>
+__global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(const DecodeKernelParams p) {
+  constexpr int kThreads = S * kMergeSliceThreads, kWarps = kThreads / 32, C = D / kMergeSliceThreads;
+  static_assert(C * kMergeSliceThreads == D, "a slice covers D channels");
+  // The group fold and the epilogue: channels tid + e kThreads, e < kCh (kCh = 2 only for D = 128 at one slice).
+  constexpr int kCh = (D + kThreads - 1) / kThreads;
+  KVPACK_STAMP_DECL(stamps, 5);
+  KVPACK_STAMP(stamps[0]);
+  extern __shared__ __align__(16) uint8_t merge_smem[];
+  float* acc_s = reinterpret_cast<float*>(merge_smem);                      // [S x 16 chunks][D]
+  float2* ml_s = reinterpret_cast<float2*>(acc_s + S * kFoldChunks * D);    // [S x 16 chunks]
+  __shared__ float fo_s[S][D];
+  __shared__ float2 fml_s[S];
+  const int b = blockIdx.y, h = blockIdx.x, hg = blockIdx.z, H = p.num_kv_heads;
+  const int tid = threadIdx.x, slice = tid / kMergeSliceThreads, r = tid % kMergeSliceThreads;
+  const int w = tid / 32, ln = tid % 32;
+  // ---- independent of the lean kernel ----
   int64_t row;
   bool over;
   const int64_t len = seq_len_of(p, b, row, over);
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
   const int n_groups = (n_chunks + kFoldChunks - 1) / kFoldChunks;
   const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
-  const float os = p.fp.v_scale ? p.fp.v_scale[h] : 1.f;
-  auto merge = [](float& m, float& l, float& o, float mj, float lj, float oj) {
-    const float mn = fmaxf(m, mj);
-    const float mr = mn == -INFINITY ? 0.f : mn;
-    const float sa = exp2f(m - mr), sc = exp2f(mj - mr);
-    l = l * sa + lj * sc;
-    o = o * sa + oj * sc;
-    m = mn;
-  };
-  const int hg = blockIdx.z, i = hg * D + r;
-  __shared__ float fo_s[kMergeSlices][D];
-  __shared__ float2 fml_s[kMergeSlices];
-  const int S = blockDim.x / D;
-  float M = -INFINITY, L = 0.f, O = 0.f;  // slice 0's
-  for (int g0 = 0; g0 < n_groups; g0 += S) {
-    const int grp = g0 + slice;
-    float m = -INFINITY, l = 0.f, o = 0.f;
-    if (grp < n_groups) {
-      const int c0 = grp * kFoldChunks, cnt = min(kFoldChunks, n_chunks - c0);
-      float2 ml[kFoldChunks];
-      float a[kFoldChunks];
-#pragma unroll
-      for (int j = 0; j < kFoldChunks; ++j) {
-        const int64_t slot = base + c0 + j;
-        ml[j] = j < cnt ? __ldcg(p.ws_ml + slot * p.group + hg) : make_float2(-INFINITY, 0.f);
-        a[j] = j < cnt ? __ldcg(p.ws_acc + slot * p.group * D + i) : 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < kFoldChunks; ++j)
-        if (j < cnt) merge(m, l, o, ml[j].x, ml[j].y, a[j]);
-    }
-    if (slice > 0) {
-      fo_s[slice][r] = o;
-      if (r == 0) fml_s[slice] = make_float2(m, l);
-    }
-    __syncthreads();
-    if (slice == 0) {
-      for (int s2 = 0; s2 < S && g0 + s2 < n_groups; ++s2) {
-        const float ms = s2 ? fml_s[s2].x : m, ls = s2 ? fml_s[s2].y : l, ob = s2 ? fo_s[s2][r] : o;
-        if (n_chunks <= kFoldChunks) {
-          M = ms, L = ls, O = ob;
-        } else {
-          merge(M, L, O, ms, ls, ob);
-        }
-      }
-    }
-    __syncthreads();
-  }
   const int qh = h * p.group + hg;
-  if constexpr (B2 == 0) {
-    if (slice != 0) return;
-    p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? O / L * os : 0.f);
-    if (p.lse && r == 0)
-      p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (M + log2f(L)) * 0.69314718055994530942f : -INFINITY;
-  } else {
-    __shared__ float o_s[D], q_s[D], g_s[D], ssc_s[kSinkTokens];
-    const block::QParams vq = p.fp.qv.head(h, D);
+  // q formats: the output rotation's rows (j W + w, W = kWarps), the first kRB of each warp's kR rows loaded now.
+  constexpr int kR = D / kWarps, kRB = kR < 8 ? kR : 8;
+  static_assert(kR * kWarps == D, "every row of G is one warp's");
+  float gv[kRB][D / 32];
+  __shared__ float o_s[D], q_s[D], g_s[D], ssc_s[kSinkTokens];
+  float step_c[kCh], mean_c[kCh], vs[kCh][kSinkTokens];
+  int n_sink = 0;
+  block::QParams vq{};
+  if constexpr (B2 != 0) {
+    vq = p.fp.qv.head(h, D);
     int64_t sink_row;
     bool bad_sink;
-    const int n_sink = sink_count(p, b, len, sink_row, bad_sink);
-    if (bad_sink && h == 0 && hg == 0 && threadIdx.x == 0 && p.status) atomicOr(p.status, 4);
+    n_sink = sink_count(p, b, len, sink_row, bad_sink);
+    if (bad_sink && h == 0 && hg == 0 && tid == 0 && p.status) atomicOr(p.status, 4);
     const int64_t sink_base = sink_row * p.sink_tokens;
-    if (slice == 0) {
-      o_s[r] = O * __ldg(vq.step + r);
-      q_s[r] = bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + qh) * D + r]) * p.qk_scale_log2;
+#pragma unroll
+    for (int j = 0; j < kRB; ++j)
+#pragma unroll
+      for (int k = 0; k < D / 32; ++k) gv[j][k] = __ldg(vq.inv + (j * kWarps + w) * D + ln + 32 * k);
+#pragma unroll
+    for (int e = 0; e < kCh; ++e) {
+      const int ch = tid + e * kThreads;
+      if (ch >= D) break;
+      step_c[e] = __ldg(vq.step + ch);
+      mean_c[e] = __ldg(vq.mean + ch);
+      q_s[ch] = bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + qh) * D + ch]) * p.qk_scale_log2;
+#pragma unroll
+      for (int j = 0; j < kSinkTokens; ++j)
+        vs[e][j] = j < n_sink ? bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + ch]) : 0.f;
     }
     __syncthreads();
-    if (slice == 0 && r < kSinkTokens) {  // sink scores, in order over d
+    if (tid < kSinkTokens) {  // sink scores, in order over d
       float a = -INFINITY;
-      if (r < n_sink) {
-        const uint16_t* ks = p.k_sinks + ((sink_base + r) * H + h) * D;
+      if (tid < n_sink) {
+        const uint16_t* ks = p.k_sinks + ((sink_base + tid) * H + h) * D;
         a = 0.f;
         for (int d = 0; d < D; ++d) a = fmaf(q_s[d], bf16_to_f32(ks[d]), a);
       }
-      ssc_s[r] = a;
+      ssc_s[tid] = a;
     }
-    // Row rr of G: mu_rr L + sum_c G[rr][c] o_s[c]. The CTA's S x D / 32 warps take D / (those) rows each, 8 rows'
-    // loads in flight at a time; a warp's lanes read a row coalesced (c = lane + 32 k), sum over k in order, then a
-    // fixed xor tree (which warp computes a row does not change its bits).
-    {
-      const int nw = S * D / 32, rows = D / nw;
-      const int w = threadIdx.x / 32, ln = threadIdx.x % 32;
-#pragma unroll 1
-      for (int j0 = 0; j0 < rows; j0 += 8) {
-        float gv[8][D / 32];
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched with PDL: the lean grid's partials from here on
+#endif
+  KVPACK_STAMP(stamps[1]);
+  const uint32_t acc_sa = static_cast<uint32_t>(__cvta_generic_to_shared(acc_s));
+  float M = -INFINITY, L = 0.f, O[kCh];  // channels tid + e kThreads (M, L: the same for every channel)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+  for (int e = 0; e < kCh; ++e) O[e] = 0.f;
+  for (int g0 = 0; g0 < n_groups; g0 += S) {
+    // Stage the round's partials: 16-byte pieces of each chunk's D floats (cp.async), and the chunks' (m, l).
+    constexpr int kPieces = D / 4;
 #pragma unroll
-          for (int k = 0; k < D / 32; ++k) gv[j][k] = __ldg(vq.inv + ((j0 + j) * nw + w) * D + ln + 32 * k);
+    for (int i = tid; i < S * kFoldChunks * kPieces; i += kThreads) {
+      const int sc = i / kPieces, pc = i % kPieces;
+      const int c = (g0 + sc / kFoldChunks) * kFoldChunks + sc % kFoldChunks;
+      if (c < n_chunks)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(acc_sa + (sc * D + 4 * pc) * 4),
+                     "l"(p.ws_acc + ((base + c) * p.group + hg) * D + 4 * pc));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+    if (tid < S * kFoldChunks) {
+      const int c = (g0 + tid / kFoldChunks) * kFoldChunks + tid % kFoldChunks;
+      ml_s[tid] = c < n_chunks ? __ldcg(p.ws_ml + (base + c) * p.group + hg) : make_float2(-INFINITY, 0.f);
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();
+    // This slice's group: chunks in order, C channels (r + 64 k) per thread.
+    const int grp = g0 + slice;
+    float m = -INFINITY, l = 0.f, o[C];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          float a = 0.f;
+    for (int k = 0; k < C; ++k) o[k] = 0.f;
+    if (grp < n_groups) {
+      const int cnt = min(kFoldChunks, n_chunks - grp * kFoldChunks);
 #pragma unroll
-          for (int k = 0; k < D / 32; ++k) a = fmaf(gv[j][k], o_s[ln + 32 * k], a);
+      for (int j = 0; j < kFoldChunks; ++j)
+        if (j < cnt) {
+          const float2 mlj = ml_s[slice * kFoldChunks + j];
+          float sa, sc;
+          lean_merge_step(m, l, mlj.x, mlj.y, sa, sc);
 #pragma unroll
-          for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
-          if (ln == 0) g_s[(j0 + j) * nw + w] = a;
+          for (int k = 0; k < C; ++k)
+            o[k] = fmaf(o[k], sa, __fmul_rn(acc_s[(slice * kFoldChunks + j) * D + r + kMergeSliceThreads * k], sc));
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < C; ++k) fo_s[slice][r + kMergeSliceThreads * k] = o[k];
+    if (r == 0) fml_s[slice] = make_float2(m, l);
+    __syncthreads();
+    if (tid < D) {
+      for (int s2 = 0; s2 < S && g0 + s2 < n_groups; ++s2) {
+        const float2 ml2 = fml_s[s2];
+        float sa = 0.f, sc = 0.f;
+        if (n_chunks <= kFoldChunks) M = ml2.x, L = ml2.y;
+        else lean_merge_step(M, L, ml2.x, ml2.y, sa, sc);
+#pragma unroll
+        for (int e = 0; e < kCh; ++e) {
+          const int ch = tid + e * kThreads;
+          if (ch >= D) break;
+          const float ob = fo_s[s2][ch];
+          O[e] = n_chunks <= kFoldChunks ? ob : fmaf(O[e], sa, __fmul_rn(ob, sc));
         }
       }
     }
+    __syncthreads();  // the next round's staging overwrites acc_s, ml_s and fo_s
+  }
+  KVPACK_STAMP(stamps[2]);
+  if constexpr (B2 == 0) {
+    const float os = p.fp.v_scale ? p.fp.v_scale[h] : 1.f;
+#pragma unroll
+    for (int e = 0; e < kCh; ++e) {
+      const int ch = tid + e * kThreads;
+      if (ch >= D) break;
+      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + ch] =
+          f32_to_bf16(n_chunks > 0 ? __fmul_rn(__fdiv_rn(O[e], L), os) : 0.f);
+    }
+    if (p.lse && tid == 0)
+      p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (M + log2f(L)) * 0.69314718055994530942f : -INFINITY;
+    KVPACK_STAMP(stamps[3]);
+    KVPACK_STAMP(stamps[4]);
+    if (tid == 0) KVPACK_STAMP_RECORD(kMerge, 0, p.table.pages, stamps, 5);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kCh; ++e)
+      if (tid + e * kThreads < D) o_s[tid + e * kThreads] = __fmul_rn(O[e], step_c[e]);
     __syncthreads();
-    if (slice != 0) return;
-    float u = fmaf(__ldg(vq.mean + r), L, g_s[r]);
+    // Row rr of G: mu_rr L + sum_c G[rr][c] o_s[c]. Warp w takes rows j W + w (W = kWarps warps), kRB rows' loads in
+    // flight at a time (the first batch loaded before the wait); a warp's lanes read a row coalesced (c = ln + 32 k),
+    // sum over k in order, then a fixed xor tree (which warp computes a row does not change its bits).
+#pragma unroll 1
+    for (int j0 = 0; j0 < kR; j0 += kRB) {
+      if (j0 > 0) {
+#pragma unroll
+        for (int j = 0; j < kRB; ++j)
+#pragma unroll
+          for (int k = 0; k < D / 32; ++k) gv[j][k] = __ldg(vq.inv + ((j0 + j) * kWarps + w) * D + ln + 32 * k);
+      }
+#pragma unroll
+      for (int j = 0; j < kRB; ++j) {
+        const int rr = (j0 + j) * kWarps + w;
+        float a = 0.f;
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) a = fmaf(gv[j][k], o_s[ln + 32 * k], a);
+#pragma unroll
+        for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
+        if (ln == 0) g_s[rr] = a;
+      }
+    }
+    __syncthreads();
+    KVPACK_STAMP(stamps[3]);
     float mt = M;
     for (int j = 0; j < n_sink; ++j) mt = fmaxf(mt, ssc_s[j]);
     const float mr = mt == -INFINITY ? 0.f : mt;
     const float f = exp2f(M - mr);
-    float lt = L * f, ut = u * f;
-    for (int j = 0; j < n_sink; ++j) {
-      const float e = exp2f(ssc_s[j] - mr);
-      lt += e;
-      ut = fmaf(e, bf16_to_f32(p.v_sinks[((sink_base + j) * H + h) * D + r]), ut);
+    float lt = __fmul_rn(L, f);
+#pragma unroll
+    for (int j = 0; j < kSinkTokens; ++j)
+      if (j < n_sink) lt = __fadd_rn(lt, exp2f(ssc_s[j] - mr));
+#pragma unroll
+    for (int e = 0; e < kCh; ++e) {
+      const int ch = tid + e * kThreads;
+      if (ch >= D) break;
+      float ut = __fmul_rn(fmaf(mean_c[e], L, g_s[ch]), f);
+#pragma unroll
+      for (int j = 0; j < kSinkTokens; ++j)
+        if (j < n_sink) ut = fmaf(exp2f(ssc_s[j] - mr), vs[e][j], ut);
+      p.out[(int64_t{b} * p.num_qo_heads + qh) * D + ch] = f32_to_bf16(n_chunks > 0 ? ut / lt : 0.f);
     }
-    p.out[(int64_t{b} * p.num_qo_heads + qh) * D + r] = f32_to_bf16(n_chunks > 0 ? ut / lt : 0.f);
-    if (p.lse && r == 0)
+    if (p.lse && tid == 0)
       p.lse[int64_t{b} * p.num_qo_heads + qh] = n_chunks > 0 ? (mt + log2f(lt)) * 0.69314718055994530942f : -INFINITY;
+    KVPACK_STAMP(stamps[4]);
+    if (tid == 0) KVPACK_STAMP_RECORD(kMerge, 0, p.table.pages, stamps, 5);
   }
 }
 
@@ -1001,13 +1116,47 @@ inline int lean_prepare() {
   return ctas;
 }
 
-// The merge kernel's resident CTAs per SM at S x D threads (at least 1).
+// The query preparation's dynamic shared memory (G, D x D floats), opted in once.
 template <int D, int B2>
-inline int lean_merge_occupancy(int slices) {
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_merge_kernel<D, B2>, slices * D, 0) != cudaSuccess) n = 1;
-  cudaGetLastError();
-  return std::max(n, 1);
+inline size_t lean_q_prep_smem() {
+  static const size_t bytes = [] {
+    const size_t n = size_t(D) * D * sizeof(float);
+    cudaFuncSetAttribute(lean_q_prep_kernel<D, B2>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(n));
+    cudaGetLastError();
+    return n;
+  }();
+  return bytes;
+}
+
+// The merge kernel of S slices: its shared-memory opt-in (once), then its resident CTAs per SM (at least 1).
+template <int D, int B2, int S>
+inline int lean_merge_prepare() {
+  static const int ctas = [] {
+    int n = 0;
+    const int smem = static_cast<int>(lean_merge_smem<D>(S));
+    if (cudaFuncSetAttribute(lean_merge_kernel<D, B2, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_merge_kernel<D, B2, S>, S * kMergeSliceThreads, smem) !=
+            cudaSuccess)
+      n = 1;
+    cudaGetLastError();
+    return std::max(n, 1);
+  }();
+  return ctas;
+}
+template <int D, int B2>
+inline void launch_lean_merge(int slices, dim3 grid, cudaStream_t stream, bool pdl, const DecodeKernelParams& kp) {
+  auto go = [&]<int S>() {
+    lean_merge_prepare<D, B2, S>();
+    lean_launch(lean_merge_kernel<D, B2, S>, grid, S * kMergeSliceThreads, lean_merge_smem<D>(S), stream, pdl, kp);
+  };
+  switch (slices) {
+    case 1: go.template operator()<1>(); break;
+    case 2: go.template operator()<2>(); break;
+    case 4: go.template operator()<4>(); break;
+    case 8: go.template operator()<8>(); break;
+    default: go.template operator()<16>(); break;
+  }
 }
 
 template <int D, int B2>
@@ -1038,21 +1187,22 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const bool pdl = lean_pdl_applies();
   if constexpr (B2 != 0)
     if (only & 1)
-      lean_launch(lean_q_prep_kernel<D, B2>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, 0, stream, false, kp);
+      lean_launch(lean_q_prep_kernel<D, B2>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, lean_q_prep_smem<D, B2>(),
+                  stream, false, kp);
   if (only & 2)
     lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows);
-  // Merge slices: up to kMergeSlices fold groups at once while the merge grid still fits one wave at that block size's
-  // occupancy (80 registers: 1 CTA of 512 threads per SM, 3 of 256, 6 of 128). Measured (v40, H100, same call): 4
-  // slices 1.25-1.7x faster than 1 at batch 1-8 (8-256 merge CTAs), 6% slower at 8q/1kv batch 64 (512 CTAs: 4 waves
-  // of 512 threads). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 forces S (measurement). The
-  // rule: lean_merge_slices (host code, split_model.cpp, CPU-tested).
+  // Merge slices: as many fold groups per round as the sequence has (up to 16: one round at 128k) while the merge grid
+  // still fits one wave at that CTA size's occupancy (v40: a second wave of large merge CTAs cost more than the
+  // rounds it saved). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 / 8 / 16 forces S
+  // (measurement). The rule: lean_merge_slices (host code, split_model.cpp, CPU-tested).
   static const int slices_env = lean_env_int("KVPACK_LEAN_MERGE_SLICES", 0);
-  static const int merge_occ[3] = {lean_merge_occupancy<D, B2>(1), lean_merge_occupancy<D, B2>(2),
-                                   lean_merge_occupancy<D, B2>(4)};
+  static const int merge_occ[kMergeSliceCounts] = {lean_merge_prepare<D, B2, 1>(), lean_merge_prepare<D, B2, 2>(),
+                                                   lean_merge_prepare<D, B2, 4>(), lean_merge_prepare<D, B2, 8>(),
+                                                   lean_merge_prepare<D, B2, 16>()};
+  const int forced = g_force_merge_slices.load(std::memory_order_relaxed);
   const int slices = lean_merge_slices(int64_t{kp.num_kv_heads} * batch * kp.group, kp.max_groups, device_sm_count(),
-                                       merge_occ, slices_env);
-  if (only & 4)
-    lean_launch(lean_merge_kernel<D, B2>, dim3(kp.num_kv_heads, batch, kp.group), slices * D, 0, stream, pdl, kp);
+                                       merge_occ, forced ? forced : slices_env);
+  if (only & 4) launch_lean_merge<D, B2>(slices, dim3(kp.num_kv_heads, batch, kp.group), stream, pdl, kp);
 }
 
 }  // namespace kvpack::cuda_detail

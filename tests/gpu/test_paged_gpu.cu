@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cuda/decode_internal.cuh"
 #include "gpu_test_util.cuh"
 #include "kvpack/error.h"
 
@@ -426,8 +427,8 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
       }
       // Batch composition: a permuted batch (same pool, permuted table rows) gives the permuted outputs bit for bit,
       // and a sequence alone gives the same bits as inside the batch. 72 rows (each sequence 12 times, pages shared)
-      // make the lean merge grid large enough for one merge slice per CTA at qo 16 (two at qo 8 and in the base run:
-      // launch_lean's slice count depends on the grid; same bits).
+      // make the lean merge grid large enough for two merge slices per CTA at qo 16 (four at qo 8 and in the base
+      // run: launch_lean's slice count depends on the grid; same bits; every count: LeanMergeSliceCountsGiveTheSameBits).
       auto rows_of = [&](const std::vector<int>& perm, std::vector<uint16_t>& q2) {
         PagedBatch pb2 = pb;
         pb2.lens.clear();
@@ -463,6 +464,38 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
             ASSERT_TRUE(bits_equal(r.out.data() + k * qo * 128, base.out.data() + size_t(perm[k]) * qo * 128, qo * 128 * 2))
                 << "row " << k << " of " << perm.size();
         }
+      }
+    }
+  }
+}
+
+// The lean merge kernel's slice counts (1, 2, 4, 8, 16 fold groups per round, forced for the test) give the same bits:
+// a 140,001-token sequence is 274 chunks = 18 fold groups (two rounds even at 16 slices, 18 at one), beside
+// sequences of one group and of one token; head_dim 64 (one channel per thread) and 128 (two).
+TEST(DecodeGpu, LeanMergeSliceCountsGiveTheSameBits) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(4711);
+  for (Format f : paged_formats()) {
+    if (std::string(decode_kernel_name(f)) != "lean") continue;
+    for (int D : {64, 128}) {
+      SCOPED_TRACE(::testing::Message() << format_name(f) << " D=" << D);
+      const PagedLayout l = make_paged_layout(f, 16, 1, D);
+      const std::vector<int64_t> lens = D == 64 ? std::vector<int64_t>{140001, 5000, 1} : std::vector<int64_t>{20001, 1, 9000};
+      PagedBatch pb = make_batch(l, lens, rng);
+      DevBatch db(pb);
+      for (int qo : {4, 8}) {
+        auto q = random_bf16(lens.size() * qo * D, rng, 2.0f);
+        lean_force_merge_slices(0);
+        AttnResult base = run_attention(pb, db, q, qo, true, 0, 0);
+        expect_close(compare(pb, q, qo, base));
+        for (int slices : {1, 2, 4, 8, 16}) {
+          lean_force_merge_slices(slices);
+          AttnResult r = run_attention(pb, db, q, qo, slices % 2 == 0, 0, 0);
+          ASSERT_EQ(r.status, 0);
+          ASSERT_EQ(r.out, base.out) << "slices " << slices << " qo " << qo;
+          ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4)) << "slices " << slices;
+        }
+        lean_force_merge_slices(0);
       }
     }
   }
@@ -575,6 +608,9 @@ TEST(DecodeGpu, BadArgumentsAreErrorsNotCrashes) {
   DecodePlan small = plan;
   small.workspace_bytes = 16;
   EXPECT_THROW(run_decode(small, a), Error);
+  bad = a;
+  bad.workspace = static_cast<uint8_t*>(a.workspace) + 8;  // the merge stages partials in 16-byte pieces
+  EXPECT_THROW(run_decode(plan, bad), Error);
   // The lean kernel's mode: only -1 / 0 / 1, and 0 / 1 only for formats on the lean kernel (this is bf16).
   DecodePlan bad_leaf = plan;
   bad_leaf.leaf = 2;
