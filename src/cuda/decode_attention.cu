@@ -127,10 +127,15 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   kp.num_sink_rows = a.sinks.num_rows;
   KVPACK_CU_CHECK(!kp.sink_rows || (a.sinks.k && a.sinks.v), "run_decode: sinks.rows given without sinks.k / sinks.v");
   KVPACK_DISPATCH_FORMAT(s.format, P, [&] {
-    if constexpr (P::kQ)
+    if constexpr (P::kQ) {
       KVPACK_CU_CHECK(a.params.qk.valid() && a.params.qv.valid(),
                       "run_decode: format '{}' needs its calibrated parameters (params.qk and params.qv)",
                       format_name(s.format));
+      // The lean path copies G (inv) in 16-byte pieces and reads the step sizes as float4.
+      auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+      KVPACK_CU_CHECK(a16(a.params.qk.inv) && a16(a.params.qv.inv) && a16(a.params.qk.step) && a16(a.params.qv.step),
+                      "run_decode: params.qk / params.qv inv and step must be 16-byte aligned device arrays");
+    }
   });
   const PagedLayout layout = make_paged_layout(s.format, s.page_size, s.num_kv_heads, s.head_dim);
   kp.head_block_bytes = layout.head_block_bytes;

@@ -716,7 +716,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
   KVPACK_STAMP_DECL(stamps, 2);
   KVPACK_STAMP(stamps[0]);
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  __shared__ float q_s[8 * D];   // q * qk_scale_log2 (heads >= group: 0)
+  __shared__ __align__(16) float q_s[8 * D];   // q * qk_scale_log2 (heads >= group: 0)
   __shared__ float t_s[8 * D];   // q'_c 2^(24 - pos'_c)
   __shared__ __half hq_s[8 * D];  // the f16 fragments' values
   __shared__ int kexp_s[D / 8];   // per K group: the power of two 24 - pos' of its codes as read
@@ -733,7 +733,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(gs + 16 * i), "l"(kq.inv + 4 * i));
     asm volatile("cp.async.commit_group;\n" ::);
   }
-  const float step_c = tid < D ? __ldg(kq.step + tid) : 0.f;
+  // G^T q's register tile (below): thread tid owns columns 4 cq .. 4 cq + 3 of heads kHpt hq .. kHpt hq + kHpt - 1.
+  constexpr int kCQ = D / 4, kHpt = 8 * kCQ / kThreads;
+  static_assert(kHpt * kThreads == 8 * kCQ && (kHpt == 1 || kHpt == 2), "the tile covers D columns x 8 heads");
+  const int cq = tid % kCQ, hq = tid / kCQ;
+  const float4 step4 = __ldg(reinterpret_cast<const float4*>(kq.step) + cq);
   float mu[D / 32];
 #pragma unroll
   for (int k = 0; k < D / 32; ++k) mu[k] = __ldg(kq.mean + lane + 32 * k);
@@ -760,22 +764,39 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
 #endif
   const int64_t bh = int64_t{b} * p.num_kv_heads + h;
   float4* hc = p.ws_qc + bh * 8;
-  // Column c = tid of G^T q, summed over r in order (the sums of v36).
-  static_assert(kThreads >= D, "one thread per column");
-  if (tid < D) {
-    const int c = tid;
-    float a[8];
+  // G^T q: each (column, head) summed over r in order (the sums of v36), as a register tile of 4 columns x kHpt heads
+  // per thread: per 4 rows, 4 + kHpt 16-byte shared loads for 16 kHpt FMAs (v47a's one column x 8 heads per thread
+  // took 9 shared loads per 8 FMAs and left the kernel bound by shared-load issue: ~7 us at batch 1).
+  {
+    float a[kHpt][4];
 #pragma unroll
-    for (int hg = 0; hg < 8; ++hg) a[hg] = 0.f;
-#pragma unroll 8
-    for (int r = 0; r < D; ++r) {
-      const float gv = g_sm[r * D + c];
+    for (int i = 0; i < kHpt; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
+#pragma unroll 2
+    for (int r0 = 0; r0 < D; r0 += 4) {
+      float4 qv[kHpt];
 #pragma unroll
-      for (int hg = 0; hg < 8; ++hg) a[hg] = fmaf(gv, q_s[hg * D + r], a[hg]);
+      for (int i = 0; i < kHpt; ++i) qv[i] = *reinterpret_cast<const float4*>(q_s + (kHpt * hq + i) * D + r0);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 g4 = *reinterpret_cast<const float4*>(g_sm + (r0 + j) * D + 4 * cq);
+#pragma unroll
+        for (int i = 0; i < kHpt; ++i) {
+          const float qq = j == 0 ? qv[i].x : j == 1 ? qv[i].y : j == 2 ? qv[i].z : qv[i].w;
+          a[i][0] = fmaf(g4.x, qq, a[i][0]);
+          a[i][1] = fmaf(g4.y, qq, a[i][1]);
+          a[i][2] = fmaf(g4.z, qq, a[i][2]);
+          a[i][3] = fmaf(g4.w, qq, a[i][3]);
+        }
+      }
     }
-    const float up = ldexpf(step_c, kexp_s[c / 8]);
+    const float st[4] = {step4.x, step4.y, step4.z, step4.w};
 #pragma unroll
-    for (int hg = 0; hg < 8; ++hg) t_s[hg * D + c] = a[hg] * up;
+    for (int k = 0; k < 4; ++k) {
+      const int c = 4 * cq + k;
+      const float up = ldexpf(st[k], kexp_s[c / 8]);
+#pragma unroll
+      for (int i = 0; i < kHpt; ++i) t_s[(kHpt * hq + i) * D + c] = a[i][k] * up;
+    }
   }
   static_assert(kLeanWarps == 4, "q . mu: two heads per warp");
   float cz[2];
@@ -864,7 +885,7 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
   float* acc_s = reinterpret_cast<float*>(merge_smem);                      // [S x 16 chunks][D]
   float2* ml_s = reinterpret_cast<float2*>(acc_s + S * kFoldChunks * D);    // [S x 16 chunks]
   __shared__ float fo_s[S][D];
-  __shared__ float2 fml_s[S];
+  __shared__ float2 fml_s[S], w_s[S * kFoldChunks];
   const int b = blockIdx.y, h = blockIdx.x, hg = blockIdx.z, H = p.num_kv_heads;
   const int tid = threadIdx.x, slice = tid / kMergeSliceThreads, r = tid % kMergeSliceThreads;
   const int w = tid / 32, ln = tid % 32;
@@ -877,7 +898,7 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
   const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
   const int qh = h * p.group + hg;
   // q formats: the output rotation's rows (j W + w, W = kWarps), the first kRB of each warp's kR rows loaded now.
-  constexpr int kR = D / kWarps, kRB = kR < 8 ? kR : 8;
+  constexpr int kR = D / kWarps, kRB = kR <= 16 ? kR : 8;  // S >= 4: every row of the warp loaded before the wait
   static_assert(kR * kWarps == D, "every row of G is one warp's");
   float gv[kRB][D / 32];
   __shared__ float o_s[D], q_s[D], g_s[D], ssc_s[kSinkTokens];
@@ -943,27 +964,42 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
-    // This slice's group: chunks in order, C channels (r + 64 k) per thread.
+    // Each chunk's two weights (sa, sc) of the group's left fold, once per (slice, chunk) instead of once per channel:
+    // chunk j's running max is the max of chunks 0..j in order, exactly the fold's.
+    if (tid < S * kFoldChunks) {
+      const int s0 = tid - tid % kFoldChunks, j = tid % kFoldChunks;
+      float m = -INFINITY;
+      for (int i = 0; i < j; ++i) m = fmaxf(m, ml_s[s0 + i].x);
+      float l = 0.f, sa, sc;
+      lean_merge_step(m, l, ml_s[tid].x, 0.f, sa, sc);
+      w_s[tid] = make_float2(sa, sc);
+    }
+    __syncthreads();
+    // This slice's group: chunks in order, C channels (r + 64 k) per thread; (m, l) by the slice's thread 0.
     const int grp = g0 + slice;
-    float m = -INFINITY, l = 0.f, o[C];
+    const int cnt = grp < n_groups ? min(kFoldChunks, n_chunks - grp * kFoldChunks) : 0;
+    float o[C];
 #pragma unroll
     for (int k = 0; k < C; ++k) o[k] = 0.f;
-    if (grp < n_groups) {
-      const int cnt = min(kFoldChunks, n_chunks - grp * kFoldChunks);
 #pragma unroll
-      for (int j = 0; j < kFoldChunks; ++j)
-        if (j < cnt) {
-          const float2 mlj = ml_s[slice * kFoldChunks + j];
-          float sa, sc;
-          lean_merge_step(m, l, mlj.x, mlj.y, sa, sc);
+    for (int j = 0; j < kFoldChunks; ++j)
+      if (j < cnt) {
+        const float2 wj = w_s[slice * kFoldChunks + j];
 #pragma unroll
-          for (int k = 0; k < C; ++k)
-            o[k] = fmaf(o[k], sa, __fmul_rn(acc_s[(slice * kFoldChunks + j) * D + r + kMergeSliceThreads * k], sc));
-        }
-    }
+        for (int k = 0; k < C; ++k)
+          o[k] = fmaf(o[k], wj.x, __fmul_rn(acc_s[(slice * kFoldChunks + j) * D + r + kMergeSliceThreads * k], wj.y));
+      }
 #pragma unroll
     for (int k = 0; k < C; ++k) fo_s[slice][r + kMergeSliceThreads * k] = o[k];
-    if (r == 0) fml_s[slice] = make_float2(m, l);
+    if (r == 0) {
+      float m = -INFINITY, l = 0.f;
+      for (int j = 0; j < cnt; ++j) {
+        const float2 mlj = ml_s[slice * kFoldChunks + j], wj = w_s[slice * kFoldChunks + j];
+        m = fmaxf(m, mlj.x);
+        l = fmaf(l, wj.x, __fmul_rn(mlj.y, wj.y));
+      }
+      fml_s[slice] = make_float2(m, l);
+    }
     __syncthreads();
     if (tid < D) {
       for (int s2 = 0; s2 < S && g0 + s2 < n_groups; ++s2) {
