@@ -153,7 +153,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // head) and a score is tau_K (acc 2^-E - q'.o) + q.mu, tau_K from the token's scale byte (its bits gathered from the
 // quad); P.V multiplies each probability by tau_V (scale bits gathered by ballots) and accumulates L_tau = sum of those
 // f16 weights, and at a chunk's end the accumulators become sum_t p_t tau_t (k_t - o) (x 2^(24 - pos'), minus o
-// L_tau), which lean_merge_q_kernel turns into mu + G (s * .) and folds with the sink tokens. Positions below the
+// L_tau), which lean_merge_kernel turns into mu + G (s * .) and folds with the sink tokens. Positions below the
 // sequence's sink count are masked (the merge adds them exactly). The query is prepared once per (sequence, kv head)
 // by lean_q_prep_kernel, before this kernel (PDL: this kernel's first copies overlap it); a CTA's 4 warps share one
 // (sequence, kv head), so warp mode keeps the splits a multiple of 4.
