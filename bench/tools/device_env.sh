@@ -18,3 +18,16 @@ build_device() {
   stamp "build rc=$rc"; grep -E "error" -A3 "$OUT/build.log" | head -30
   [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
 }
+# start_base_build DIR JOBS: the working tree copied to DIR with $PATCH (a `git diff BASE -- src include` saved in the
+# tree) reversed, its kvpack_cli built into DIR/build-device in the background (log: $W/base_build.log); sets basepid.
+start_base_build() {
+  local dir=$1 jobs=$2 root
+  root=$(pwd)
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp -r $(ls -A | grep -vE '^(build|build-device|build-stamps|\.git|\.whl)$') "$dir"/
+  (cd "$dir" && patch -s -R -p1 < "$root/$PATCH") || { echo "reverse patch failed"; exit 1; }
+  (cd "$dir" && cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON \
+     -DKVPACK_CUDA_ARCHS=90a-real > "$W/base_build.log" 2>&1 && cmake --build build-device -j"$jobs" --target kvpack_cli \
+     >> "$W/base_build.log" 2>&1) &
+  basepid=$!
+}

@@ -7,15 +7,9 @@
 # row, "variant" base / new and "round"), env.log.
 #   PATCH=bench/results/logs/v42.patch bash bench/tools/v42_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v42_out
-root=$(pwd)
 W=/tmp/v42_work
-rm -rf "$W" /tmp/v42_base && mkdir -p "$W" /tmp/v42_base
-cp -r $(ls -A | grep -vE '^(build|build-device|\.git|\.whl)$') /tmp/v42_base/
-(cd /tmp/v42_base && patch -s -R -p1 < "$root/$PATCH") || { echo "reverse patch failed"; exit 1; }
-(cd /tmp/v42_base && cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON \
-   -DKVPACK_CUDA_ARCHS=90a-real > "$W/base_build.log" 2>&1 && cmake --build build-device -j8 --target kvpack_cli \
-   >> "$W/base_build.log" 2>&1) &
-basepid=$!
+rm -rf "$W" && mkdir -p "$W"
+start_base_build /tmp/v42_base 8
 build_device kvpack_cli kvpack_gpu_tests
 grep -E "lean_(q_prep|kernel|merge)" -A2 "$OUT/build.log" | grep -E "registers|spill" | head -20
 T=./build-device/kvpack_gpu_tests
@@ -35,29 +29,7 @@ for r in $(seq 1 ${ROUNDS:-2}); do
   done
 done
 stamp "A/B done"
-python3 - "$W" > "$OUT/ab.json" <<'PY'
-import json, sys, glob, os
-rows = []
-for f in sorted(glob.glob(sys.argv[1] + "/ab_*.json")):
-    v, r = os.path.basename(f)[3:-5].split("_")
-    for x in json.load(open(f)):
-        x["variant"], x["round"] = v, int(r)
-        rows.append(x)
-json.dump(rows, sys.stdout, indent=1)
-PY
-python3 - "$OUT/ab.json" <<'PY' | tee "$W/ab_summary.txt"
-import json, sys
-rows = [r for r in json.load(open(sys.argv[1])) if r.get("kind", "decode") == "decode"]
-key = lambda r: (r["format"], r["num_qo_heads"], r["num_kv_heads"], r["batch"], r["context"])
-best = {}
-for r in rows:
-    best.setdefault((key(r), r["variant"]), []).append(r["median_us"])
-print(f"{'format':6} {'shape':8} {'batch':>5} {'ctx':>7} {'base us':>9} {'new us':>9} {'base/new':>8}  (min over rounds)")
-for k in sorted({key(r) for r in rows}, key=lambda k: (k[0], -k[1], k[3], k[4])):
-    a, b = best.get((k, "base")), best.get((k, "new"))
-    if a and b:
-        print(f"{k[0]:6} {k[1]}q/{k[2]}kv {k[3]:5} {k[4]:7} {min(a):9.1f} {min(b):9.1f} {min(a) / min(b):8.3f}")
-PY
+python3 bench/tools/ab_summary.py "$W" "$OUT/ab.json" | tee "$W/ab_summary.txt"
 left() { echo $(( ${LIMIT_S:-570} - ($(date +%s) - t0) )); }
 S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 { echo "== memcheck"; timeout 90 $S --tool memcheck --error-exitcode 9 $T \

@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""A/B of two builds timed in one device call (bench/tools/v42_device.sh, v47_device.sh).
+
+Reads the bench files DIR/ab_<variant>_<round>.json (variant: base or new), writes every row with its "variant" and
+"round" to OUT (JSON), and prints per cell the base and new medians (min over rounds) and base / new.
+
+  python3 bench/tools/ab_summary.py DIR OUT.json
+"""
+import glob
+import json
+import os
+import sys
+
+
+def main():
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    rows = []
+    for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab_*.json"))):
+        v, r = os.path.basename(f)[3:-5].split("_")
+        for x in json.load(open(f)):
+            x["variant"], x["round"] = v, int(r)
+            rows.append(x)
+    json.dump(rows, open(sys.argv[2], "w"), indent=1)
+    rows = [r for r in rows if r.get("kind", "decode") == "decode"]
+    key = lambda r: (r["format"], r["num_qo_heads"], r["num_kv_heads"], r["batch"], r["context"])
+    best = {}
+    for r in rows:
+        best.setdefault((key(r), r["variant"]), []).append(r["median_us"])
+    print(f"{'format':6} {'shape':8} {'batch':>5} {'ctx':>7} {'base us':>9} {'new us':>9} {'base/new':>8}  (min over rounds)")
+    for k in sorted({key(r) for r in rows}, key=lambda k: (k[0], -k[1], k[3], k[4])):
+        a, b = best.get((k, "base")), best.get((k, "new"))
+        if a and b:
+            print(f"{k[0]:6} {k[1]}q/{k[2]}kv {k[3]:5} {k[4]:7} {min(a):9.1f} {min(b):9.1f} {min(a) / min(b):8.3f}")
+
+
+if __name__ == "__main__":
+    main()
