@@ -177,14 +177,15 @@ struct DecodeArgs {
   float sm_scale = 0;                 // 0 = 1/sqrt(head_dim)
   uint16_t* out = nullptr;            // [batch][num_qo_heads][head_dim] bf16
   float* lse = nullptr;               // [batch][num_qo_heads] natural-log LSE of the scaled scores, or null
-  void* workspace = nullptr;          // plan.workspace_bytes, zeroed once
+  void* workspace = nullptr;          // plan.workspace_bytes, 16-byte aligned, zeroed once
   int32_t* status = nullptr;          // device int32 or null: |= 1 page id out of range, |= 2 length > max_context,
                                       // |= 4 sink row out of range (that sequence's first tokens read from codes)
   SinkView sinks;                     // formats with sink tokens: device sink pools and rows[batch] (rows null: none)
 };
 // Launches only (no allocation, no synchronisation): capturable in a CUDA graph. The grid depends only on the
 // plan (batch, kv heads, max context); sequence lengths are read on the device. Throws kvpack::Error on
-// arguments that can be checked on the host (null pointers, batch mismatch, workspace too small). q4 / q3.5 / q3 launch
+// arguments that can be checked on the host (null pointers, batch mismatch, workspace too small or not 16-byte
+// aligned, pools or the q formats' params.qk / qv inv and step arrays not 16-byte aligned). q4 / q3.5 / q3 launch
 // three kernels on `stream` (query preparation, the lean kernel, the merge); on sm_90 the second and third use
 // programmatic dependent launch against the one before them only (KVPACK_PDL=0 turns it off), so work the caller
 // enqueued before or after run_decode is ordered as with plain launches. One workspace must not be shared by
