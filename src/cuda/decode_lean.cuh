@@ -730,7 +730,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
     const uint32_t gs = static_cast<uint32_t>(__cvta_generic_to_shared(g_sm));
 #pragma unroll
     for (int i = tid; i < D * D / 4; i += kThreads)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(gs + 16 * i), "l"(kq.inv + 4 * i));
+      lean_cp16_full(gs + 16 * i, kq.inv + 4 * i);
     asm volatile("cp.async.commit_group;\n" ::);
   }
   // G^T q's register tile (below): thread tid owns columns 4 cq .. 4 cq + 3 of heads kHpt hq .. kHpt hq + kHpt - 1.
@@ -954,8 +954,7 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
       const int sc = i / kPieces, pc = i % kPieces;
       const int c = (g0 + sc / kFoldChunks) * kFoldChunks + sc % kFoldChunks;
       if (c < n_chunks)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(acc_sa + (sc * D + 4 * pc) * 4),
-                     "l"(p.ws_acc + ((base + c) * p.group + hg) * D + 4 * pc));
+        lean_cp16_full(acc_sa + (sc * D + 4 * pc) * 4, p.ws_acc + ((base + c) * p.group + hg) * D + 4 * pc);
     }
     asm volatile("cp.async.commit_group;\n" ::);
     if (tid < S * kFoldChunks) {
