@@ -865,13 +865,18 @@ template <int D>
 constexpr size_t lean_merge_smem(int slices) {
   return size_t(slices) * kFoldChunks * (D * sizeof(float) + sizeof(float2));
 }
-__device__ __forceinline__ void lean_merge_step(float& m, float& l, float mj, float lj, float& sa, float& sc) {
+// One step of the fold acc = merge(acc, chunk j): the weights of the accumulator (sa) and of the chunk (sc) at the
+// new running max, which is returned.
+__device__ __forceinline__ float lean_fold_weights(float m, float mj, float& sa, float& sc) {
   const float mn = fmaxf(m, mj);
   const float mr = mn == -INFINITY ? 0.f : mn;
   sa = exp2f(m - mr);
   sc = exp2f(mj - mr);
+  return mn;
+}
+__device__ __forceinline__ void lean_merge_step(float& m, float& l, float mj, float lj, float& sa, float& sc) {
+  m = lean_fold_weights(m, mj, sa, sc);
   l = fmaf(l, sa, __fmul_rn(lj, sc));
-  m = mn;
 }
 template <int D, int B2, int S>
 __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(const DecodeKernelParams p) {
@@ -969,8 +974,8 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
       const int s0 = tid - tid % kFoldChunks, j = tid % kFoldChunks;
       float m = -INFINITY;
       for (int i = 0; i < j; ++i) m = fmaxf(m, ml_s[s0 + i].x);
-      float l = 0.f, sa, sc;
-      lean_merge_step(m, l, ml_s[tid].x, 0.f, sa, sc);
+      float sa, sc;
+      lean_fold_weights(m, ml_s[tid].x, sa, sc);
       w_s[tid] = make_float2(sa, sc);
     }
     __syncthreads();
