@@ -95,6 +95,30 @@ TEST(LeanDefaultPlan, OneWarpPerChunkInWholeCtas) {
   EXPECT_THROW(lean_default_splits(0), Error);
 }
 
+// The mixed grid (v48): where one warp per chunk is 1.x waves of the H100's 1,584 warp slots (2,048 chunk-warps:
+// 32q/8kv batch 1 x 128k, 8q/1kv batch 8 x 128k), the model's pick leaves the last wave to leaf CTAs; below one wave
+// it stays leaf mode (0), and where the partial wave is a small part of many (batch 64 x 128k) warp mode whole (0).
+TEST(LeanMixedChunks, LeafCtasFillThePartialLastWave) {
+  constexpr int64_t kWarpSlots = 132 * 3 * 4;
+  EXPECT_EQ(lean_mixed_chunks(1 * 8, chunks_of(131072), kWarpSlots), 196);
+  EXPECT_EQ(lean_mixed_chunks(8 * 1, chunks_of(131072), kWarpSlots), 196);
+  EXPECT_EQ(lean_mixed_chunks(1 * 8, chunks_of(32768), kWarpSlots), 0);   // leaf mode (below one wave)
+  EXPECT_EQ(lean_mixed_chunks(64 * 8, chunks_of(131072), kWarpSlots), 0);  // 83 waves: warp mode whole
+  EXPECT_EQ(lean_mixed_chunks(64 * 8, chunks_of(32768), kWarpSlots), 0);
+  for (int64_t units : {1, 3, 8, 16, 64, 512})
+    for (int64_t chunks : {1, 2, 5, 16, 64, 127, 256, 1024}) {
+      const int cw = lean_mixed_chunks(units, chunks, kWarpSlots);
+      if (cw == 0) continue;
+      EXPECT_EQ(cw % kLeanCtaWarps, 0) << units << " x " << chunks;
+      EXPECT_GE(cw, kLeanCtaWarps);
+      EXPECT_LT(cw, chunks);
+      EXPECT_FALSE(lean_default_leaf(units, chunks, kWarpSlots));
+    }
+  EXPECT_THROW(lean_mixed_chunks(0, 1, 1), Error);
+  EXPECT_THROW(lean_mixed_chunks(1, 0, 1), Error);
+  EXPECT_THROW(lean_mixed_chunks(1, 1, 0), Error);
+}
+
 TEST(WaveModelSplits, RejectsEmptyWork) {
   EXPECT_THROW(wave_model_splits(0, 1, 1), Error);
   EXPECT_THROW(wave_model_splits(1, 0, 1), Error);

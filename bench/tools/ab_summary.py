@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A/B of two builds timed in one device call (bench/tools/v42_device.sh, v47_device.sh).
 
-Reads the bench files DIR/ab_<variant>_<round>.json (variant: base or new), writes every row with its "variant" and
-"round" to OUT (JSON), and prints per cell the base and new medians (min over rounds) and base / new.
+Reads the bench files DIR/ab_<variant>_<round>.json (variant: "base" and any others, names without "_"), writes every
+row with its "variant" and "round" to OUT (JSON), and prints per cell the base and every other variant's median (min
+over rounds) with base / variant.
 
   python3 bench/tools/ab_summary.py DIR OUT.json
 """
@@ -27,12 +28,21 @@ def main():
     best = {}
     for r in rows:
         best.setdefault((key(r), r["variant"]), []).append(r["median_us"])
-    print(f"{'format':6} {'shape':8} {'batch':>5} {'ctx':>7} {'base us':>9} {'new us':>9} {'base/new':>8}  (min over rounds)")
+    # "base" first, then the other variants in name order; each with base / variant.
+    others = sorted({r["variant"] for r in rows} - {"base"})
+    head = f"{'format':6} {'shape':8} {'batch':>5} {'ctx':>7} {'base us':>9}"
+    for v in others:
+        head += f" {v + ' us':>10} {'base/' + v:>10}"
+    print(head + "  (min over rounds)")
     for k in sorted({key(r) for r in rows}, key=lambda k: (k[0], -k[1], k[3], k[4])):
-        a, b = best.get((k, "base")), best.get((k, "new"))
-        if a and b:
-            print(f"{k[0]:6} {k[1]}q/{k[2]}kv {k[3]:5} {k[4]:7} {min(a):9.1f} {min(b):9.1f} {min(a) / min(b):8.3f}")
-
+        a = best.get((k, "base"))
+        if not a:
+            continue
+        line = f"{k[0]:6} {k[1]}q/{k[2]}kv {k[3]:5} {k[4]:7} {min(a):9.1f}"
+        for v in others:
+            b = best.get((k, v))
+            line += f" {min(b):10.1f} {min(a) / min(b):10.3f}" if b else f" {'-':>10} {'-':>10}"
+        print(line)
 
 if __name__ == "__main__":
     main()

@@ -138,6 +138,14 @@ int wave_model_splits(int64_t units, int64_t chunks, int64_t slots, int step = 1
 // up to 7% slower, and leaf mode lost by 10-25% once one warp per chunk filled the GPU. Host code.
 bool lean_default_leaf(int64_t units, int64_t chunks, int64_t warp_slots);
 int lean_default_splits(int64_t chunks);
+// The lean kernel's mixed grid (bench/NOTES.md v48): where one warp per chunk fills the GPU 1.x times, the last,
+// partial wave of one-chunk warps runs each at one warp's pace (~5 us per 128-token leaf at one warp per scheduler,
+// v47) and sets the launch's end. The mixed grid gives every (sequence, kv head) chunks [0, cw) one warp each (warp
+// mode) and chunks [cw, chunks) one CTA each (leaf mode: its 4 warps one leaf each), the warp-mode CTAs of every
+// sequence launched first, so the short leaf CTAs fill the end. Both modes give a chunk the same bits. Returns cw (a
+// multiple of 4 in [4, chunks)) when a round model (a leaf CTA ~0.3 of a warp-mode CTA) predicts at least 5% less
+// time than warp mode whole, else 0 (leaf mode below one wave, lean_default_leaf; warp mode whole above). Host code.
+int lean_mixed_chunks(int64_t units, int64_t chunks, int64_t warp_slots);
 // The decode kernel a format runs on: "lean" (q4, q3.5, q3: their lane layout has no other reader) or "regular". Host code.
 const char* decode_kernel_name(Format f);
 // The lean merge kernel's slices (fold groups folded per round: 1, 2, 4, 8 or 16, same bits for every count): the

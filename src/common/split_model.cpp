@@ -39,6 +39,34 @@ int lean_default_splits(int64_t chunks) {
   return static_cast<int>((chunks + kLeanCtaWarps - 1) / kLeanCtaWarps * kLeanCtaWarps);
 }
 
+int lean_mixed_chunks(int64_t units, int64_t chunks, int64_t warp_slots) {
+  KVPACK_CHECK(units >= 1 && chunks >= 1 && chunks <= (int64_t{1} << 21) && warp_slots >= 1,
+               "lean_mixed_chunks: units {}, chunks {} (<= 2^21), warp_slots {} must be >= 1", units, chunks, warp_slots);
+  if (lean_default_leaf(units, chunks, warp_slots)) return 0;  // below one wave: leaf mode whole
+  // Times in rounds of one warp-mode CTA (4 chunks, one per warp); a leaf-mode CTA (one chunk on 4 warps) costs
+  // kLeafCost of one. Greedy in launch order: the warp-mode CTAs first, kb rounds; the slots its last round leaves
+  // free take floor(1 / kLeafCost) leaf CTAs each meanwhile, the rest follow in rounds of kLeafCost.
+  constexpr double kLeafCost = 0.3;
+  constexpr int64_t kLeafPerRound = 3;
+  const int64_t slots = std::max<int64_t>(1, warp_slots / kLeanCtaWarps);
+  auto rounds = [](int64_t n, int64_t s) { return (n + s - 1) / s; };
+  const double whole = static_cast<double>(rounds(units * lean_default_splits(chunks) / kLeanCtaWarps, slots));
+  double best = whole;
+  int best_cw = 0;
+  for (int64_t cw = kLeanCtaWarps; cw < chunks; cw += kLeanCtaWarps) {
+    const int64_t big = units * cw / kLeanCtaWarps, leaf = units * (chunks - cw);
+    const int64_t kb = rounds(big, slots);
+    const int64_t idle = slots - (big - (kb - 1) * slots);
+    const int64_t rest = std::max<int64_t>(0, leaf - idle * kLeafPerRound);
+    const double t = static_cast<double>(kb) + static_cast<double>(rounds(rest, slots)) * kLeafCost;
+    if (t <= best) {  // ties: the larger warp-mode share (fewer leaf folds)
+      best = t;
+      best_cw = static_cast<int>(cw);
+    }
+  }
+  return best <= 0.95 * whole ? best_cw : 0;
+}
+
 const char* decode_kernel_name(Format f) { return lane_bits_x2(f) ? "lean" : "regular"; }
 
 int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&ctas_per_sm)[kMergeSliceCounts],

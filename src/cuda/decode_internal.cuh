@@ -19,6 +19,9 @@ int lean_ctas_per_sm(Format f, int head_dim);  // occupancy of the lean kernel (
 int lean_env_rule();
 // Tests: force the lean merge kernel's slice count (1, 2, 4, 8, 16; 0 = lean_merge_slices' rule) for later launches.
 void lean_force_merge_slices(int slices);
+// Tests: force the lean kernel's mixed grid (lean_mixed_chunks) with `mix` warp-mode chunks per (sequence, kv head)
+// (rounded down to a multiple of 4, at least 4; 0 = the launcher's rule) for later q-format launches.
+void lean_force_mix(int mix);
 // Measurement builds (KVPACK_LEAN_STAMPS, src/cuda/lean_stamps.cuh): clear the lean path's phase stamps / append them
 // to `path` under `label`. Both return false when the stamps are not compiled in.
 bool lean_stamps_reset();

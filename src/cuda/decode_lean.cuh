@@ -158,7 +158,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // by lean_q_prep_kernel, before this kernel (PDL: this kernel's first copies overlap it); a CTA's 4 warps share one
 // (sequence, kv head), so warp mode keeps the splits a multiple of 4.
 template <int D, int B2>
-__global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows) {
+__global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
   if constexpr (B2 == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); the q formats on sm_80 too
@@ -175,23 +175,49 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
   const int H = p.num_kv_heads;
   KVPACK_STAMP_DECL(stamps, 4);
   KVPACK_STAMP(stamps[0]);
-  // Grid (ceil(H * splits / kLeanWarps), batch): it depends on the plan only, never on the lengths.
-  const bool leaf_mode = splits == 0;
+  // Grid (ceil(H * splits / kLeanWarps), batch), or the mixed grid's (below): it depends on the plan only, never on
+  // the lengths.
+  bool leaf_mode = splits == 0;
 #if __CUDA_ARCH__ >= 900
   // The merge kernel (launched with PDL) may be scheduled once every CTA of this grid has started; it waits for this
   // grid's completion (griddepcontrol.wait) before reading a partial.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  const int b = blockIdx.y, local = blockIdx.x * kLeanWarps + warp;
-  if (!kLaneQ && !leaf_mode && local >= H * splits) return;  // q formats: the grid has no spare warps (splits % 4 == 0)
-  const int h = leaf_mode ? static_cast<int>(blockIdx.x % H) : local / splits;
-  const int split = leaf_mode ? static_cast<int>(blockIdx.x / H) : local % splits;  // leaf mode: the chunk
+  int b = blockIdx.y, h, split, cstride;  // cstride: the warp's next chunk is split + cstride
+  if (kLaneQ && mix > 0) {
+    // Mixed grid (q formats, lean_mixed_chunks; grid (batch (H mix / 4 + H (max_chunks - mix)), 1)): every sequence's
+    // warp-mode CTAs first (warp -> (kv head, chunk < mix), one chunk each), then every sequence's leaf-mode CTAs (CTA
+    // -> (kv head, chunk >= mix)), so the short leaf CTAs run last. mix % 4 == 0: a CTA's warps share a kv head.
+    const int wctas = H * mix / kLeanWarps, lctas = H * max(0, p.max_chunks - mix);
+    const int nw = static_cast<int>(gridDim.x / (wctas + lctas)) * wctas;
+    const int x = blockIdx.x;
+    leaf_mode = x >= nw;
+    if (!leaf_mode) {
+      const int local = (x % wctas) * kLeanWarps + warp;
+      b = x / wctas;
+      h = local / mix;
+      split = local % mix;
+    } else {
+      const int y = x - nw, r = y % lctas;
+      b = y / lctas;
+      h = r % H;
+      split = mix + r / H;
+    }
+    cstride = 0;  // one chunk per warp (warp part) or per CTA (leaf part): n_chunks below
+  } else {
+    const int local = blockIdx.x * kLeanWarps + warp;
+    if (!kLaneQ && !leaf_mode && local >= H * splits) return;  // q formats: no spare warps (splits % 4 == 0)
+    h = leaf_mode ? static_cast<int>(blockIdx.x % H) : local / splits;
+    split = leaf_mode ? static_cast<int>(blockIdx.x / H) : local % splits;  // leaf mode: the chunk
+    cstride = leaf_mode ? 0 : splits;
+  }
 
   int64_t row;
   bool over;
   const int64_t len = seq_len_of(p, b, row, over);
   if (over && split == 0 && h == 0 && lane == 0 && p.status) atomicOr(p.status, 2);
   const int n_chunks = static_cast<int>((len + kChunkTokens - 1) / kChunkTokens);
+  if (cstride == 0) cstride = n_chunks > 0 ? n_chunks : 1;  // past the last chunk after one
   if (!kLaneQ && split >= n_chunks) return;  // leaf mode: the whole CTA (its chunk index), before any barrier
 
   // ---- the query: lane (g, q) holds head g's channels base(kb) .. base(kb) + 3 for the 8 k-blocks, base(kb) =
@@ -263,7 +289,6 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
   // plan_decode bounds max_context by 2^30 and seq_len_of clamps to it.
   const int s_begin = leaf_mode ? kLeafSteps * warp : 0;
   const int s_end = leaf_mode ? s_begin + kLeafSteps : kChunkSteps;
-  const int cstride = leaf_mode ? n_chunks : splits;
   const int len32 = static_cast<int>(len);
   // KVPACK_LEAN_KROWS: this lane's K copy k of a unit lands in reader lane (4 (k % 2) + lane / 8) * 4 + col % 4,
   // piece 2 (k / 2) + col / 4 (col = lane % 8): the lane-dependent part of that slot address, relative to `ring`.
@@ -702,23 +727,28 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
 #endif
 }
 
-// q formats: the query preparation, once per (sequence, kv head) (grid (H, batch), kLeanWarps x 32 threads), into the
-// workspace for every lean CTA of that pair: q' = s * (G^T q) (x qk_scale log2 e) as f16 fragments with a power of
+// q formats: the query preparation, once per (sequence, kv head) (grid (H P, batch), kLeanWarps x 32 threads), into
+// the workspace for every lean CTA of that pair: q' = s * (G^T q) (x qk_scale log2 e) as f16 fragments with a power of
 // two 2^E per head and each K group's 2^(24 - pos') folded in, and per head (2^-E, q'.o, q.mu). It was the lean
 // kernel's prologue (v36), run by every CTA: ~10 dependent L2 round trips and D x D x 4 bytes of L2 reads per CTA,
 // as many bytes as the cache itself at batch 1 (bench/NOTES.md v40). Same arithmetic, same order: same bits.
+// P CTAs share a (sequence, kv head), each 8 / P of the 8 (padded) query heads: P = 1, or P = 4 where the grid is
+// small (v48: one CTA's G^T q over 8 heads took ~3.5 us of a batch-1 launch's critical path; with P = 4 each CTA
+// reads G whole but sums 2 heads). Every head's arithmetic is the same for both, so are the bits.
 // Output order: ws_qh[(b H + h) 32 + lane][2 kKB] = lane (g, q)'s fragments qb[kb][0..1] (head g, channels
 // 8 (2 kb) + 2q, + 1 and 8 (2 kb + 1) + 2q, + 1), so the lean kernel reads its lane's words as kKB / 2 uint4.
-template <int D, int B2>
+template <int D, int B2, int P>
 __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const DecodeKernelParams p) {
   using LK = block::QLanes<B2, D, false>;
-  constexpr int kKB = D / 16, kThreads = kLeanWarps * 32;
+  constexpr int kKB = D / 16, kThreads = kLeanWarps * 32, kH = 8 / P;  // heads of this CTA
+  static_assert(P == 1 || P == 4, "1 or 4 CTAs per (sequence, kv head)");
   KVPACK_STAMP_DECL(stamps, 2);
   KVPACK_STAMP(stamps[0]);
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  __shared__ __align__(16) float q_s[8 * D];   // q * qk_scale_log2 (heads >= group: 0)
-  __shared__ float t_s[8 * D];   // q'_c 2^(24 - pos'_c)
-  __shared__ __half hq_s[8 * D];  // the f16 fragments' values
+  const int h = blockIdx.x / P, h0 = kH * (blockIdx.x % P), b = blockIdx.y, tid = threadIdx.x, warp = tid / 32,
+            lane = tid % 32;
+  __shared__ __align__(16) float q_s[kH * D];  // q * qk_scale_log2 of heads h0 .. h0 + kH - 1 (heads >= group: 0)
+  __shared__ float t_s[kH * D];   // q'_c 2^(24 - pos'_c)
+  __shared__ __half hq_s[kH * D];  // the f16 fragments' values
   __shared__ int kexp_s[D / 8];   // per K group: the power of two 24 - pos' of its codes as read
   __shared__ float koff_s[D / 8];  // and its zero point o = (2^w - 1) / 2
   // G (D x D floats, the head's inverse transform) staged whole with cp.async, issued first: with the query's, the
@@ -733,11 +763,16 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
       lean_cp16_full(gs + 16 * i, kq.inv + 4 * i);
     asm volatile("cp.async.commit_group;\n" ::);
   }
-  // G^T q's register tile (below): thread tid owns columns 4 cq .. 4 cq + 3 of heads kHpt hq .. kHpt hq + kHpt - 1.
-  constexpr int kCQ = D / 4, kHpt = 8 * kCQ / kThreads;
-  static_assert(kHpt * kThreads == 8 * kCQ && (kHpt == 1 || kHpt == 2), "the tile covers D columns x 8 heads");
+  // G^T q. P = 1: a register tile, thread tid owns columns 4 cq .. 4 cq + 3 of heads kHpt hq .. kHpt hq + kHpt - 1;
+  // P = 4: thread tid owns column tid % D of kHpt heads (D = 128: both, D = 64: head tid / 64).
+  constexpr int kCQ = P == 1 ? D / 4 : D, kHpt = kH * kCQ / kThreads;
+  static_assert(kHpt * kThreads == kH * kCQ && (kHpt == 1 || kHpt == 2), "the tile covers D columns x kH heads");
   const int cq = tid % kCQ, hq = tid / kCQ;
-  const float4 step4 = __ldg(reinterpret_cast<const float4*>(kq.step) + cq);
+  float4 step4{};
+  if constexpr (P == 1)
+    step4 = __ldg(reinterpret_cast<const float4*>(kq.step) + cq);
+  else
+    step4.x = __ldg(kq.step + cq);
   float mu[D / 32];
 #pragma unroll
   for (int k = 0; k < D / 32; ++k) mu[k] = __ldg(kq.mean + lane + 32 * k);
@@ -749,8 +784,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
     }
   }
 #pragma unroll
-  for (int i = tid; i < 8 * D; i += kThreads) {
-    const int hg = i / D, r = i % D;
+  for (int i = tid; i < kH * D; i += kThreads) {
+    const int hg = h0 + i / D, r = i % D;
     q_s[i] = hg < p.group ? bf16_to_f32(p.q[(int64_t{b} * p.num_qo_heads + h * p.group + hg) * D + r]) * p.qk_scale_log2
                           : 0.f;
   }
@@ -764,10 +799,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
 #endif
   const int64_t bh = int64_t{b} * p.num_kv_heads + h;
   float4* hc = p.ws_qc + bh * 8;
-  // G^T q: each (column, head) summed over r in order (the sums of v36), as a register tile of 4 columns x kHpt heads
+  // Each (column, head) summed over r in order (the sums of v36). P = 1 as a register tile of 4 columns x kHpt heads
   // per thread: per 4 rows, 4 + kHpt 16-byte shared loads for 16 kHpt FMAs (v47a's one column x 8 heads per thread
   // took 9 shared loads per 8 FMAs and left the kernel bound by shared-load issue: ~7 us at batch 1).
-  {
+  if constexpr (P == 1) {
     float a[kHpt][4];
 #pragma unroll
     for (int i = 0; i < kHpt; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
@@ -797,47 +832,71 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
 #pragma unroll
       for (int i = 0; i < kHpt; ++i) t_s[(kHpt * hq + i) * D + c] = a[i][k] * up;
     }
+  } else {
+    float a[kHpt] = {};
+#pragma unroll 4
+    for (int r0 = 0; r0 < D; r0 += 4) {
+      float4 qv[kHpt];
+#pragma unroll
+      for (int i = 0; i < kHpt; ++i) qv[i] = *reinterpret_cast<const float4*>(q_s + (kHpt * hq + i) * D + r0);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float g1 = g_sm[(r0 + j) * D + cq];
+#pragma unroll
+        for (int i = 0; i < kHpt; ++i)
+          a[i] = fmaf(g1, j == 0 ? qv[i].x : j == 1 ? qv[i].y : j == 2 ? qv[i].z : qv[i].w, a[i]);
+      }
+    }
+    const float up = ldexpf(step4.x, kexp_s[cq / 8]);
+#pragma unroll
+    for (int i = 0; i < kHpt; ++i) t_s[(kHpt * hq + i) * D + cq] = a[i] * up;
   }
-  static_assert(kLeanWarps == 4, "q . mu: two heads per warp");
-  float cz[2];
-  {  // q . mu of heads 2 warp, 2 warp + 1: lane sums over r = lane + 32 k in order of k, then a fixed xor tree
+  // q . mu and the epilogue: warp w takes local heads kH w / 4 .. (P = 1: 2 w, 2 w + 1; P = 4: warps 0, 1 one each).
+  constexpr int kHpw = (kH + kLeanWarps - 1) / kLeanWarps;
+  static_assert(kHpw * kLeanWarps == kH || (kHpw == 1 && kH < kLeanWarps), "heads per warp");
+  float cz[kHpw];
+  {  // q . mu: lane sums over r = lane + 32 k in order of k, then a fixed xor tree
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int hg = 2 * warp + hh;
+    for (int hh = 0; hh < kHpw; ++hh) {
+      const int hl = kHpw * warp + hh;
       float a = 0.f;
+      if (hl < kH) {
 #pragma unroll
-      for (int k = 0; k < D / 32; ++k) a = fmaf(q_s[hg * D + lane + 32 * k], mu[k], a);
+        for (int k = 0; k < D / 32; ++k) a = fmaf(q_s[hl * D + lane + 32 * k], mu[k], a);
+      }
 #pragma unroll
       for (int x = 16; x >= 1; x /= 2) a += __shfl_xor_sync(0xffffffffu, a, x);
       cz[hh] = a;
     }
   }
   __syncthreads();
-  // Warp w: heads 2w, 2w + 1 (kLeanWarps == 4). 2^E puts the head's largest |value| in [2^13, 2^14); q'.o from the
-  // rounded f16 values (what the mma uses), per lane over its channels in order, then a fixed shuffle tree.
+  // 2^E puts the head's largest |value| in [2^13, 2^14); q'.o from the rounded f16 values (what the mma uses), per
+  // lane over its channels in order, then a fixed shuffle tree.
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int hg = 2 * warp + hh;
+  for (int hh = 0; hh < kHpw; ++hh) {
+    const int hl = kHpw * warp + hh;
+    if (hl >= kH) break;  // warp-uniform
     float mx = 0.f;
-    for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(t_s[hg * D + c]));
+    for (int c = lane; c < D; c += 32) mx = fmaxf(mx, fabsf(t_s[hl * D + c]));
 #pragma unroll
     for (int x = 16; x >= 1; x /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
     const int E = f16_range_exponent(mx);
     float qo = 0.f;
     for (int c = lane; c < D; c += 32) {
-      const __half hv = __float2half_rn(ldexpf(t_s[hg * D + c], E));
-      hq_s[hg * D + c] = hv;
+      const __half hv = __float2half_rn(ldexpf(t_s[hl * D + c], E));
+      hq_s[hl * D + c] = hv;
       qo = fmaf(__half2float(hv) * ldexpf(1.f, -kexp_s[c / 8] - E), koff_s[c / 8], qo);
     }
 #pragma unroll
     for (int x = 16; x >= 1; x /= 2) qo += __shfl_xor_sync(0xffffffffu, qo, x);
-    if (lane == 0) __stcg(hc + hg, make_float4(ldexpf(1.f, -E), qo, cz[hh], 0.f));
+    if (lane == 0) __stcg(hc + h0 + hl, make_float4(ldexpf(1.f, -E), qo, cz[hh], 0.f));
   }
   __syncthreads();
-  for (int i = tid; i < 32 * 2 * kKB; i += kThreads) {
-    const int ln = i / (2 * kKB), kb = (i % (2 * kKB)) / 2, j = i % 2, c = 8 * (2 * kb + j) + 2 * (ln % 4);
-    const __half2 v = __halves2half2(hq_s[(ln / 4) * D + c], hq_s[(ln / 4) * D + c + 1]);
-    __stcg(p.ws_qh + bh * 32 * 2 * kKB + i, *reinterpret_cast<const uint32_t*>(&v));
+  // The fragments of this CTA's heads: lanes 4 h0 .. 4 (h0 + kH) - 1.
+  for (int i = tid; i < 4 * kH * 2 * kKB; i += kThreads) {
+    const int ll = i / (2 * kKB), kb = (i % (2 * kKB)) / 2, j = i % 2, c = 8 * (2 * kb + j) + 2 * (ll % 4);
+    const __half2 v = __halves2half2(hq_s[(ll / 4) * D + c], hq_s[(ll / 4) * D + c + 1]);
+    __stcg(p.ws_qh + (bh * 32 + 4 * h0) * 2 * kKB + i, *reinterpret_cast<const uint32_t*>(&v));
   }
   KVPACK_STAMP(stamps[1]);
   if (tid == 0) KVPACK_STAMP_RECORD(kPrep, 0, p.table.pages, stamps, 2);
@@ -860,6 +919,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
 // epilogue does; fixed orders throughout.
 constexpr int kMergeSliceThreads = 64;
 inline std::atomic<int> g_force_merge_slices{0};  // lean_force_merge_slices (tests)
+inline std::atomic<int> g_force_mix{0};            // lean_force_mix (tests)
 // Dynamic shared memory of a merge CTA of S slices: the round's partials (S x 16 chunks x D floats) and their (m, l).
 template <int D>
 constexpr size_t lean_merge_smem(int slices) {
@@ -1157,11 +1217,11 @@ inline int lean_prepare() {
 }
 
 // The query preparation's dynamic shared memory (G, D x D floats), opted in once.
-template <int D, int B2>
+template <int D, int B2, int P>
 inline size_t lean_q_prep_smem() {
   static const size_t bytes = [] {
     const size_t n = size_t(D) * D * sizeof(float);
-    cudaFuncSetAttribute(lean_q_prep_kernel<D, B2>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(n));
+    cudaFuncSetAttribute(lean_q_prep_kernel<D, B2, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(n));
     cudaGetLastError();
     return n;
   }();
@@ -1220,17 +1280,49 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   dim3 grid(leaf ? static_cast<unsigned>(int64_t{kp.num_kv_heads} * kp.max_chunks)
                  : static_cast<unsigned>((warps + kLeanWarps - 1) / kLeanWarps),
             batch);
+  // The mixed grid (v48, lean_mixed_chunks, host code in split_model.cpp): chunks [0, mix) of every (sequence, kv
+  // head) in warp mode, the rest in leaf mode, where the default plan (one warp per chunk, no tuned or forced mode)
+  // fills the GPU 1.x times. KVPACK_LEAN_MIX=0 turns it off, = k > 0 forces mix = k rounded down to a multiple of 4
+  // (measurement; also lean_force_mix, tests). Same bits either way.
+  static const int mix_env = lean_env_int("KVPACK_LEAN_MIX", -1);
+  const int mix_forced = g_force_mix.load(std::memory_order_relaxed);
+  int mix = 0;
+  if constexpr (B2 != 0) {
+    const int force = mix_forced ? mix_forced : mix_env;
+    if (force > 0)
+      mix = std::min(force / kLeanWarps * kLeanWarps, (kp.max_chunks + kLeanWarps - 1) / kLeanWarps * kLeanWarps);
+    else if (force < 0 && lean_env_rule() != 0 && leaf_env < 0 && kp.leaf < 0 && splits >= kp.max_chunks)
+      mix = lean_mixed_chunks(int64_t{batch} * kp.num_kv_heads, kp.max_chunks,
+                              int64_t{device_sm_count()} * lean_prepare<D, B2>() * kLeanWarps);
+    if (force > 0 && mix == 0) mix = kLeanWarps;
+  }
+  if (mix > 0)
+    grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
+                                      (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
+                1);
   static const int krows = lean_env_int("KVPACK_LEAN_KROWS", 0);
   // KVPACK_LEAN_ONLY (measurement only: the output is then wrong): a mask of the kernels launched, 1 = the query
   // preparation, 2 = the lean kernel, 4 = the merge, to time each alone (bench/NOTES.md v44).
   static const int only = lean_env_int("KVPACK_LEAN_ONLY", 7);
   const bool pdl = lean_pdl_applies();
+  // The preparation's CTAs per (sequence, kv head): 4 (2 query heads each) while that grid is at most two CTAs per
+  // SM, else 1 (8 heads each; at large batch its G reads would grow 4x for a phase the launch barely sees).
+  // KVPACK_LEAN_PREP_SPLIT=1 / 4 forces it (measurement). Same bits either way.
+  static const int prep_env = lean_env_int("KVPACK_LEAN_PREP_SPLIT", 0);
   if constexpr (B2 != 0)
-    if (only & 1)
-      lean_launch(lean_q_prep_kernel<D, B2>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32, lean_q_prep_smem<D, B2>(),
-                  stream, false, kp);
+    if (only & 1) {
+      const bool four = prep_env ? prep_env == 4
+                                 : int64_t{batch} * kp.num_kv_heads * 4 <= int64_t{2} * device_sm_count();
+      if (four)
+        lean_launch(lean_q_prep_kernel<D, B2, 4>, dim3(kp.num_kv_heads * 4, batch), kLeanWarps * 32,
+                    lean_q_prep_smem<D, B2, 4>(), stream, false, kp);
+      else
+        lean_launch(lean_q_prep_kernel<D, B2, 1>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32,
+                    lean_q_prep_smem<D, B2, 1>(), stream, false, kp);
+    }
   if (only & 2)
-    lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows);
+    lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows,
+                mix);
   // Merge slices: as many fold groups per round as the sequence has (up to 16: one round at 128k) while the merge grid
   // still fits one wave at that CTA size's occupancy (v40: a second wave of large merge CTAs cost more than the
   // rounds it saved). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 / 8 / 16 forces S

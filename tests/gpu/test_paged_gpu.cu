@@ -501,6 +501,43 @@ TEST(DecodeGpu, LeanMergeSliceCountsGiveTheSameBits) {
   }
 }
 
+// The lean kernel's mixed grid (lean_mixed_chunks: chunks [0, mix) one warp each, the rest one CTA each; forced for the
+// test) gives the bits of the launcher's own choice for every split point: mix = 4 (nearly all leaf mode), a split
+// inside the longest sequence, one past a shorter sequence's end, and one past every chunk (warp part only); with a
+// max_context beyond the lengths (spare chunks of both parts exit), and in both table views.
+TEST(DecodeGpu, LeanMixedGridGivesTheSameBits) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(4712);
+  for (Format f : paged_formats()) {
+    if (std::string(decode_kernel_name(f)) != "lean") continue;
+    for (int D : {64, 128}) {
+      SCOPED_TRACE(::testing::Message() << format_name(f) << " D=" << D);
+      const PagedLayout l = make_paged_layout(f, 16, 2, D);
+      const std::vector<int64_t> lens =
+          D == 64 ? std::vector<int64_t>{70001, 5000, 1, 33000} : std::vector<int64_t>{20001, 1, 9000};
+      PagedBatch pb = make_batch(l, lens, rng);
+      DevBatch db(pb);
+      for (int qo : {2, 8}) {
+        auto q = random_bf16(lens.size() * qo * D, rng, 2.0f);
+        lean_force_mix(0);
+        AttnResult base = run_attention(pb, db, q, qo, true, 0, 0);
+        ASSERT_EQ(base.status, 0);
+        expect_close(compare(pb, q, qo, base));
+        for (int mix : {4, 12, 20, 40, 1000}) {
+          for (int64_t max_context : {int64_t{0}, int64_t{90000}}) {
+            lean_force_mix(mix);
+            AttnResult r = run_attention(pb, db, q, qo, mix % 8 == 4, 0, 0, max_context);
+            lean_force_mix(0);
+            ASSERT_EQ(r.status, 0);
+            ASSERT_EQ(r.out, base.out) << "mix " << mix << " qo " << qo << " max_context " << max_context;
+            ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4)) << "mix " << mix;
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- CUDA graph capture and replay
 TEST(DecodeGpu, GraphCaptureAndReplayReadsLengthsOnDevice) {
   KVPACK_REQUIRE_GPU();

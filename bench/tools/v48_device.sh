@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One device call (bench/NOTES.md v48): the mixed lean grid (lean_mixed_chunks) and the preparation split over 4 CTAs
+# (KVPACK_LEAN_PREP_SPLIT), A/B'd in one binary through their measurement switches, in order of priority: the tests of
+# the change, the A/B (variants below, interleaved rounds), a sweep of forced mixed splits on the 1.3-wave cells, the
+# full grid with FlashInfer, the stamped timeline; each cut to what is left of LIMIT_S (default 560). Carry [".whl"].
+# Files in $OUT: ab.json, sweep.txt, bench_fi.json, stamps.txt.gz, log.txt, env.log.
+#   LIMIT_S=560 bash bench/tools/v48_device.sh
+source "$(dirname "$0")/device_env.sh" /tmp/v48_out
+left() { echo $(( ${LIMIT_S:-560} - ($(date +%s) - t0) )); }
+W=/tmp/v48_work
+rm -rf "$W" && mkdir -p "$W"
+(cmake -S . -B build-stamps -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
+   -DCMAKE_CUDA_FLAGS=-DKVPACK_LEAN_STAMPS > "$W/stamps_build.log" 2>&1 && cmake --build build-stamps -j4 \
+   --target kvpack_cli >> "$W/stamps_build.log" 2>&1) &
+stampspid=$!
+build_device kvpack_cli kvpack_gpu_tests kvpack_capi
+grep -E "lean_(q_prep|kernel|merge)" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | head -20
+T=./build-device/kvpack_gpu_tests
+K=./build-device/kvpack
+$T --gtest_filter="${FIRST_TESTS:-DecodeGpu.LeanMixed*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMergeSlice*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$W/tests_first.log" 2>&1
+stamp "first GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_first.log" | head -20
+GRID=${GRID:---formats q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 32768,65536,131072}
+# Variants: base = v47's behaviour (no mixed grid, one preparation CTA per (sequence, kv head)); new = the defaults;
+# prep = the preparation split only; leaf = leaf mode forced (the mixed grid's other end).
+for r in 1 2; do
+  for v in base new prep leaf; do
+    [ "$(left)" -gt 200 ] || continue
+    case $v in
+      base) env KVPACK_LEAN_MIX=0 KVPACK_LEAN_PREP_SPLIT=1 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
+      new) $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
+      prep) env KVPACK_LEAN_MIX=0 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
+      leaf) env KVPACK_LEAN_LEAF=1 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
+    esac
+  done
+done
+stamp "A/B done"
+python3 bench/tools/ab_summary.py "$W" "$OUT/ab.json" | tee "$W/ab_summary.txt"
+# Forced mixed splits (warp-mode chunks per (sequence, kv head)) on cells of 2,048 and 4,096 chunk-warps.
+{
+  for cell in "32/8/128 1 131072" "8/1/128 8 131072" "32/8/128 8 32768" "8/1/128 16 65536"; do
+    set -- $cell
+    for mix in 0 rule 32 64 100 132 164 196 228; do
+      [ "$(left)" -gt 150 ] || continue
+      e="KVPACK_LEAN_MIX=$mix"; [ $mix = rule ] && e="KVPACK_LEAN_MIX=-1"
+      us=$(env $e $K bench --formats q4 --shapes $1 --batch $2 --context $3 --json "$W/sw.json" > /dev/null 2>&1 &&
+           python3 -c "import json; print(' '.join('%.1f' % r['median_us'] for r in json.load(open('$W/sw.json')) if r.get('kind', 'decode') == 'decode'))")
+      echo "q4 $1 batch $2 ctx $3 mix $mix: $us us"
+    done
+  done
+} > "$OUT/sweep.txt" 2>&1
+stamp "sweep done"; cat "$OUT/sweep.txt"
+if [ "$(left)" -gt 100 ]; then
+  OUT=$W/fi BENCH_ARGS="${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072}" \
+    bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
+  stamp "bench + flashinfer rc=$?"
+  cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
+fi
+wait $stampspid; stamp "stamped build rc=$?"
+l=$(left)
+if [ "$l" -gt 25 ]; then
+  KVPACK_STAMPS_OUT="$OUT/stamps.txt" timeout $((l - 10)) ./build-stamps/kvpack bench \
+    ${STAMPS_GRID:---formats q4 --shapes 32/8/128,8/1/128 --batch 1,8 --context 32768,131072} > /dev/null 2>&1
+  python3 bench/tools/stamps.py "$OUT/stamps.txt" > "$W/stamps.log" 2>&1; stamp "stamps"; cat "$W/stamps.log"
+fi
+{ cat "$OUT/env.log"; echo "== build"; grep -E "registers|spill|error" "$OUT/build.log" | head -80;
+  echo "== tests (first)"; grep -vE "^/.*Failure$" "$W/tests_first.log" | head -200; echo "== ab summary"; cat "$W/ab_summary.txt";
+  echo "== sweep"; cat "$OUT/sweep.txt"; echo "== bench + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null;
+  grep -vE " write" "$W/fi/bench.log" 2>/dev/null | tail -40; tail -30 "$W/fi/flashinfer.log" 2>/dev/null;
+  echo "== stamps"; cat "$W/stamps.log" 2>/dev/null; } > "$OUT/log.txt"
+rm -f "$OUT/build.log"
+gzip -f "$OUT/stamps.txt" 2>/dev/null
