@@ -47,6 +47,16 @@ python3 bench/tools/ab_summary.py "$W" "$OUT/ab.json" | tee "$W/ab_summary.txt"
       echo "q4 $1 batch $2 ctx $3 mix $mix: $us us"
     done
   done
+  # The merge's slice count (lean_merge_slices picks 16 at batch 1 x 128k; never compared on a GPU against others).
+  for cell in "8/1/128 1 131072" "32/8/128 1 131072" "8/1/128 8 131072"; do
+    set -- $cell
+    for sl in 0 2 4 8 16; do
+      [ "$(left)" -gt 150 ] || continue
+      us=$(env KVPACK_LEAN_MERGE_SLICES=$sl $K bench --formats q4 --shapes $1 --batch $2 --context $3 --json "$W/sw.json" > /dev/null 2>&1 &&
+           python3 -c "import json; print(' '.join('%.1f' % r['median_us'] for r in json.load(open('$W/sw.json')) if r.get('kind', 'decode') == 'decode'))")
+      echo "q4 $1 batch $2 ctx $3 merge slices $sl: $us us"
+    done
+  done
 } > "$OUT/sweep.txt" 2>&1
 stamp "sweep done"; cat "$OUT/sweep.txt"
 if [ "$(left)" -gt 100 ]; then
