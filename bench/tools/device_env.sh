@@ -31,3 +31,15 @@ start_base_build() {
      >> "$W/base_build.log" 2>&1) &
   basepid=$!
 }
+# start_stamps_build: the measurement build (KVPACK_LEAN_STAMPS, bench/NOTES.md v47) of kvpack_cli into build-stamps in
+# the background (log: $W/stamps_build.log); sets stampspid.
+start_stamps_build() {
+  (cmake -S . -B build-stamps -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
+     -DCMAKE_CUDA_FLAGS=-DKVPACK_LEAN_STAMPS > "$W/stamps_build.log" 2>&1 && cmake --build build-stamps -j4 \
+     --target kvpack_cli >> "$W/stamps_build.log" 2>&1) &
+  stampspid=$!
+}
+# lean_registers: the lean path's kernels' registers and spills from $OUT/build.log, counted.
+lean_registers() {
+  grep -E "lean_(q_prep|kernel|merge)" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | head -20
+}

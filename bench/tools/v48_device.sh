@@ -9,12 +9,9 @@ source "$(dirname "$0")/device_env.sh" /tmp/v48_out
 left() { echo $(( ${LIMIT_S:-560} - ($(date +%s) - t0) )); }
 W=/tmp/v48_work
 rm -rf "$W" && mkdir -p "$W"
-(cmake -S . -B build-stamps -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-   -DCMAKE_CUDA_FLAGS=-DKVPACK_LEAN_STAMPS > "$W/stamps_build.log" 2>&1 && cmake --build build-stamps -j4 \
-   --target kvpack_cli >> "$W/stamps_build.log" 2>&1) &
-stampspid=$!
+start_stamps_build
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
-grep -E "lean_(q_prep|kernel|merge)" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | head -20
+lean_registers
 T=./build-device/kvpack_gpu_tests
 K=./build-device/kvpack
 $T --gtest_filter="${FIRST_TESTS:-DecodeGpu.LeanMixed*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMergeSlice*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$W/tests_first.log" 2>&1
