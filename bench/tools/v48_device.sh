@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call (bench/NOTES.md v48): the mixed lean grid (lean_mixed_chunks) and the preparation split over 4 CTAs
-# (KVPACK_LEAN_PREP_SPLIT), A/B'd in one binary through their measurement switches, in order of priority: the tests of
-# the change, the A/B (variants below, interleaved rounds), a sweep of forced mixed splits on the 1.3-wave cells, the
-# full grid with FlashInfer, the stamped timeline; each cut to what is left of LIMIT_S (default 560). Carry [".whl"].
-# Files in $OUT: ab.json, sweep.txt, bench_fi.json, stamps.txt.gz, log.txt, env.log.
+# (KVPACK_LEAN_PREP_SPLIT), A/B'd in one binary through their measurement switches. In order of priority: the tests of
+# the change; A/B round 1 (base / new / prep only); the full grid with FlashInfer; A/B round 2; the rest of the GPU
+# tests; memcheck and racecheck; a sweep of forced mixed splits and merge slice counts; the stamped timeline. Each cut
+# to what is left of LIMIT_S (default 560). Carry [".whl"].
+# Files in $OUT: ab.json, bench_fi.json, sweep.txt, stamps.txt.gz, log.txt, env.log.
 #   LIMIT_S=560 bash bench/tools/v48_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v48_out
 left() { echo $(( ${LIMIT_S:-560} - ($(date +%s) - t0) )); }
@@ -19,9 +20,9 @@ stamp "first GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failur
 GRID=${GRID:---formats q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 32768,65536,131072}
 # Variants: base = v47's behaviour (no mixed grid, one preparation CTA per (sequence, kv head)); new = the defaults;
 # prep = the preparation split only; leaf = leaf mode forced (the mixed grid's other end).
-for r in 1 2; do
-  for v in ${VARIANTS:-base new prep}; do
-    [ "$(left)" -gt 220 ] || continue
+ab_round() {  # ab_round ROUND VARIANT...
+  local r=$1 v; shift
+  for v in "$@"; do
     case $v in
       base) env KVPACK_LEAN_MIX=0 KVPACK_LEAN_PREP_SPLIT=1 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
       new) $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
@@ -29,15 +30,38 @@ for r in 1 2; do
       leaf) env KVPACK_LEAN_LEAF=1 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
     esac
   done
-done
-stamp "A/B done"
+  stamp "A/B round $r"
+}
+ab_round 1 ${VARIANTS:-base new prep}
+if [ "$(left)" -gt 90 ]; then
+  OUT=$W/fi BENCH_ARGS="${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072}" \
+    bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
+  stamp "bench + flashinfer rc=$?"
+  cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
+fi
+[ "$(left)" -gt 330 ] && ab_round 2 base new
 python3 bench/tools/ab_summary.py "$W" "$OUT/ab.json" | tee "$W/ab_summary.txt"
+# The rest of the GPU tests (random shapes vs fp64, 128k, write path, dequantiser), then the sanitizers.
+l=$(left)
+if [ "$l" -gt 120 ]; then
+  timeout $((l - 60)) $T --gtest_filter="-${FIRST_TESTS:-DecodeGpu.LeanMixed*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMergeSlice*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$W/tests_rest.log" 2>&1
+  stamp "rest of the GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_rest.log" | head -30
+fi
+S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+l=$(left)
+if [ "$l" -gt 40 ]; then
+  { echo "== memcheck"; timeout $(((l - 10) / 2)) $S --tool memcheck --error-exitcode 9 $T \
+      --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*'; echo "rc=$?";
+    echo "== racecheck"; timeout $(((l - 10) / 2)) $S --tool racecheck --error-exitcode 9 $T \
+      --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*'; echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
+  stamp "sanitizers done"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" | head -8
+fi
 # Forced mixed splits (warp-mode chunks per (sequence, kv head)) on cells of 2,048 and 4,096 chunk-warps.
 {
   for cell in "32/8/128 1 131072" "8/1/128 8 131072"; do
     set -- $cell
     for mix in 0 rule 64 132 164 228; do
-      [ "$(left)" -gt 150 ] || continue
+      [ "$(left)" -gt 40 ] || continue
       e="KVPACK_LEAN_MIX=$mix"; [ $mix = rule ] && e="KVPACK_LEAN_MIX=-1"
       us=$(env $e $K bench --formats q4 --shapes $1 --batch $2 --context $3 --json "$W/sw.json" > /dev/null 2>&1 &&
            python3 -c "import json; print(' '.join('%.1f' % r['median_us'] for r in json.load(open('$W/sw.json')) if r.get('kind', 'decode') == 'decode'))")
@@ -48,7 +72,7 @@ python3 bench/tools/ab_summary.py "$W" "$OUT/ab.json" | tee "$W/ab_summary.txt"
   for cell in "8/1/128 1 131072"; do
     set -- $cell
     for sl in 4 8 16; do
-      [ "$(left)" -gt 150 ] || continue
+      [ "$(left)" -gt 40 ] || continue
       us=$(env KVPACK_LEAN_MERGE_SLICES=$sl $K bench --formats q4 --shapes $1 --batch $2 --context $3 --json "$W/sw.json" > /dev/null 2>&1 &&
            python3 -c "import json; print(' '.join('%.1f' % r['median_us'] for r in json.load(open('$W/sw.json')) if r.get('kind', 'decode') == 'decode'))")
       echo "q4 $1 batch $2 ctx $3 merge slices $sl: $us us"
@@ -56,27 +80,6 @@ python3 bench/tools/ab_summary.py "$W" "$OUT/ab.json" | tee "$W/ab_summary.txt"
   done
 } > "$OUT/sweep.txt" 2>&1
 stamp "sweep done"; cat "$OUT/sweep.txt"
-if [ "$(left)" -gt 90 ]; then
-  OUT=$W/fi BENCH_ARGS="${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072}" \
-    bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
-  stamp "bench + flashinfer rc=$?"
-  cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
-fi
-# The rest of the GPU tests (random shapes vs fp64, 128k, write path, dequantiser), then the sanitizers.
-l=$(left)
-if [ "$l" -gt 150 ]; then
-  timeout $((l - 70)) $T --gtest_filter="-${FIRST_TESTS:-DecodeGpu.LeanMixed*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMergeSlice*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$W/tests_rest.log" 2>&1
-  stamp "rest of the GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_rest.log" | head -30
-fi
-S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-l=$(left)
-if [ "$l" -gt 30 ]; then
-  { echo "== memcheck"; timeout $(((l - 10) / 2)) $S --tool memcheck --error-exitcode 9 $T \
-      --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*'; echo "rc=$?";
-    echo "== racecheck"; timeout $(((l - 10) / 2)) $S --tool racecheck --error-exitcode 9 $T \
-      --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*'; echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
-  stamp "sanitizers done"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" | head -8
-fi
 wait $stampspid; stamp "stamped build rc=$?"
 l=$(left)
 if [ "$l" -gt 25 ]; then
