@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One short device call (bench/NOTES.md v48b): the ring steps a lean warp issues before the prepared query's wait
+# One short device call (bench/NOTES.md v48b; apply bench/patches/v48b_lean_pre.patch first: `git apply`): the ring steps a lean warp issues before the prepared query's wait
 # (KVPACK_LEAN_PRE), A/B'd in one binary on the small cells, then the full grid with FlashInfer (the defaults), then
 # the bitwise-identity test with KVPACK_LEAN_PRE=1 and =0; each cut to what is left of LIMIT_S (default 270). Carry [".whl"].
 # Files in $OUT: ab.json, bench_fi.json, log.txt, env.log.

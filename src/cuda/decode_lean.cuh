@@ -21,7 +21,6 @@
 // of kFoldChunks chunks in order, then the groups in order).
 #pragma once
 #include <cuda_fp16.h>
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -159,7 +158,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // by lean_q_prep_kernel, before this kernel (PDL: this kernel's first copies overlap it); a CTA's 4 warps share one
 // (sequence, kv head), so warp mode keeps the splits a multiple of 4.
 template <int D, int B2>
-__global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix, int pre) {
+__global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
   if constexpr (B2 == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); the q formats on sm_80 too
@@ -490,11 +489,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
   };
 
 #pragma unroll
-  // q formats: `pre` of the ring's first kLeanStages - 1 steps are issued before the query's wait and load, the rest
-  // after (KVPACK_LEAN_PRE, v48: the query's load queued behind up to ~24 MB of first copies at 32q/8kv batch 1).
-  const int pre_n = kLaneQ ? pre : kLeanStages - 1;
-  for (int i = 0; i < kLeanStages - 1; ++i)
-    if (i < pre_n) issue();
+  for (int i = 0; i < kLeanStages - 1; ++i) issue();
   if constexpr (kLaneQ) {
     // The prepared query (lean_q_prep_kernel's fragment order: lane (g, q)'s 2 kKB words contiguous, then the 8
     // heads' (2^-E, q'.o, q.mu)); with PDL this is the first read that depends on the prep kernel.
@@ -512,8 +507,6 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
     un0 = c0.x, qo0 = c0.y, cz0 = c0.z;
     un1 = c1.x, qo1 = c1.y, cz1 = c1.z;
   }
-  for (int i = 0; i < kLeanStages - 1; ++i)
-    if (i >= pre_n) issue();
   KVPACK_STAMP(stamps[1]);
   reset_leaf();
   reset_chunk();
@@ -1308,9 +1301,6 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
                 1);
   static const int krows = lean_env_int("KVPACK_LEAN_KROWS", 0);
-  // Ring steps issued before the query's wait (q formats; 0 .. kStages - 1, the rest right after the query): a
-  // measurement switch, KVPACK_LEAN_PRE (v48).
-  static const int pre = std::clamp(lean_env_int("KVPACK_LEAN_PRE", Geo::kStages - 1), 0, Geo::kStages - 1);
   // KVPACK_LEAN_ONLY (measurement only: the output is then wrong): a mask of the kernels launched, 1 = the query
   // preparation, 2 = the lean kernel, 4 = the merge, to time each alone (bench/NOTES.md v44).
   static const int only = lean_env_int("KVPACK_LEAN_ONLY", 7);
@@ -1332,7 +1322,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
     }
   if (only & 2)
     lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows,
-                mix, pre);
+                mix);
   // Merge slices: as many fold groups per round as the sequence has (up to 16: one round at 128k) while the merge grid
   // still fits one wave at that CTA size's occupancy (v40: a second wave of large merge CTAs cost more than the
   // rounds it saved). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 / 8 / 16 forces S
