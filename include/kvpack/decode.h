@@ -165,7 +165,8 @@ const TuningTable* builtin_tuning_table(const std::string& gpu_name);
 // Host only; never touches the device except to read the SM count and name once (cached). A table whose gpu/version
 // do not match the running ones (or none), or that has no entry for the shape (TuningTable::find), gives way to the
 // built-in table of the running GPU when there is one, else to the fallback (3 stages, splits from
-// wave_model_splits; q4 / q3.5 / q3: lean_default_splits, one warp per chunk, and the launcher's lean_default_leaf).
+// wave_model_splits; q4 / q3.5 / q3: lean_default_splits, one warp per chunk, and the launcher's lean_default_leaf
+// and lean_mixed_chunks).
 DecodePlan plan_decode(const DecodeShape& shape, int batch, int64_t max_context, const TuningTable* table = nullptr);
 // The fallback configuration alone, whatever tables exist (what a GPU without a table gets; `kvpack bench --table
 // fallback` compares it with the tuned plans).
