@@ -156,7 +156,8 @@ struct DecodeBench::Impl {
   }
 };
 
-DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_context, uint64_t seed)
+DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_context, uint64_t seed,
+                         bool shuffle_pages)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.shape = shape;
@@ -168,7 +169,7 @@ DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_co
   m.perm.resize(m.num_pages);
   std::iota(m.perm.begin(), m.perm.end(), 0);
   std::mt19937_64 rng(seed);
-  std::shuffle(m.perm.begin(), m.perm.end(), rng);
+  if (shuffle_pages) std::shuffle(m.perm.begin(), m.perm.end(), rng);
   m.perm_d = dmalloc<int32_t>(m.perm.size());
   KVPACK_CUDA_CHECK(cudaMemcpy(m.perm_d, m.perm.data(), m.perm.size() * 4, cudaMemcpyHostToDevice));
   const size_t pool = size_t(m.num_pages) * m.layout.page_bytes();

@@ -38,10 +38,11 @@ struct WriteTiming {
 };
 
 // One page pool of (format, shape) big enough for max_batch x max_context tokens per K and V, filled through the
-// write path with random bf16 values; pages are assigned in a shuffled order.
+// write path with random bf16 values; pages are assigned in a shuffled order (a serving pool's), or in pool order
+// when !shuffle_pages (each sequence's pages contiguous: a measurement of what page scatter costs).
 class DecodeBench {
  public:
-  DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_context, uint64_t seed);
+  DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_context, uint64_t seed, bool shuffle_pages = true);
   ~DecodeBench();
   DecodeBench(const DecodeBench&) = delete;
   DecodeBench& operator=(const DecodeBench&) = delete;

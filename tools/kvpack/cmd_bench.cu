@@ -77,6 +77,7 @@ struct Opts {
   double probe_gb = 4.0;
   bool eager = false;
   int leaf = -1;
+  std::string pages = "shuffled";
 };
 
 int run_bench(const Opts& o) {
@@ -102,7 +103,7 @@ int run_bench(const Opts& o) {
   auto base_row = [&](kvpack::Format f, const Shape& sh) {
     return nlohmann::json{{"format", kvpack::format_name(f)}, {"num_qo_heads", sh.qo}, {"num_kv_heads", sh.kv},
                           {"head_dim", sh.d}, {"page_size", o.page_size}, {"gpu", dev.name},
-                          {"read_bw_tbs", read_bw}, {"run_id", run_id}, {"impl", "kvpack"}};
+                          {"read_bw_tbs", read_bw}, {"run_id", run_id}, {"impl", "kvpack"}, {"page_order", o.pages}};
   };
   // (shape, batch, context) -> fp8 median, for the speedups
   std::map<std::tuple<int, int, int, int, int64_t>, double> fp8_us;
@@ -114,7 +115,7 @@ int run_bench(const Opts& o) {
         continue;
       }
       kvpack::DecodeShape ds{f, sh.qo, sh.kv, sh.d, o.page_size};
-      kb::DecodeBench bench(ds, max_b, max_c, 42);
+      kb::DecodeBench bench(ds, max_b, max_c, 42, o.pages == "shuffled");
       fmt::print("{:<6} {}q/{}kv/{} pool filled in {:.1f} ms\n", kvpack::format_name(f), sh.qo, sh.kv, sh.d,
                  bench.fill_ms());
       for (int b : batches) {
@@ -185,6 +186,10 @@ kvpack::cli::Runner setup(CLI::App* app) {
   app->add_option("--leaf", o->leaf,
                   "q4 / q3.5 / q3 (lean kernel): 1 = leaf mode, 0 = warp mode, -1 = the plan's choice (tuned entry or rule)")
       ->check(CLI::Range(-1, 1));
+  app->add_option("--pages", o->pages,
+                  "Page order of every sequence: 'shuffled' (a serving pool's, default) or 'contiguous' (each sequence's "
+                  "pages in pool order; rows' \"page_order\")")
+      ->check(CLI::IsMember({"shuffled", "contiguous"}));
   app->add_flag("--eager", o->eager,
                 "Time eager stream launches instead of CUDA-graph replays of the launches (rows' \"timing\")");
   return [o] { return run_bench(*o); };
