@@ -43,3 +43,10 @@ start_stamps_build() {
 lean_registers() {
   grep -E "lean_(q_prep|kernel|merge)" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | head -20
 }
+# ab_bench VARIANT ROUND [VAR=VALUE ...]: build-device's `kvpack bench $GRID` with those environment variables (the
+# lean path's measurement switches) into $W/ab_VARIANT_ROUND.json, the file names bench/tools/ab_summary.py reads.
+ab_bench() {
+  local v=$1 r=$2
+  shift 2
+  env "$@" ./build-device/kvpack bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1
+}

@@ -24,10 +24,10 @@ ab_round() {  # ab_round ROUND VARIANT...
   local r=$1 v; shift
   for v in "$@"; do
     case $v in
-      base) env KVPACK_LEAN_MIX=0 KVPACK_LEAN_PREP_SPLIT=1 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
-      new) $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
-      prep) env KVPACK_LEAN_MIX=0 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
-      leaf) env KVPACK_LEAN_LEAF=1 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
+      base) ab_bench $v $r KVPACK_LEAN_MIX=0 KVPACK_LEAN_PREP_SPLIT=1 ;;
+      new) ab_bench $v $r ;;
+      prep) ab_bench $v $r KVPACK_LEAN_MIX=0 ;;
+      leaf) ab_bench $v $r KVPACK_LEAN_LEAF=1 ;;
     esac
   done
   stamp "A/B round $r"

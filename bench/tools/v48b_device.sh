@@ -10,15 +10,14 @@ W=/tmp/v48b_work
 rm -rf "$W" && mkdir -p "$W"
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 T=./build-device/kvpack_gpu_tests
-K=./build-device/kvpack
 GRID=${GRID:---formats q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16 --context 32768,131072}
 for r in 1 2; do
   for v in base pre0 pre1; do
     [ "$(left)" -gt 150 ] || continue
     case $v in
-      base) $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
-      pre0) env KVPACK_LEAN_PRE=0 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
-      pre1) env KVPACK_LEAN_PRE=1 $K bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1 ;;
+      base) ab_bench $v $r ;;
+      pre0) ab_bench $v $r KVPACK_LEAN_PRE=0 ;;
+      pre1) ab_bench $v $r KVPACK_LEAN_PRE=1 ;;
     esac
   done
   stamp "A/B round $r"

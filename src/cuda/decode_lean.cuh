@@ -1199,20 +1199,23 @@ inline void lean_launch(void (*kernel)(KArgs...), dim3 grid, unsigned threads, s
 // q4, q3.5 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.
 inline bool lean_q_applies() { return device_cc_major() >= 8; }
 
-// The kernel's shared-memory opt-in, once per instance; then its resident CTAs per SM (0 when it cannot run here).
+// A kernel's dynamic shared-memory opt-in to `smem` bytes, then its resident CTAs per SM at `threads` threads (0 when
+// either call fails: it cannot run here). Callers cache it once per instance.
+template <class Kernel>
+inline int lean_opt_in(Kernel kernel, int threads, size_t smem) {
+  int n = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess)
+    n = 0;
+  cudaGetLastError();
+  return n;
+}
+
+// The lean kernel's opt-in, once per instance; its resident CTAs per SM (0 when it cannot run here).
 template <int D, int B2>
 inline int lean_prepare() {
-  static const int ctas = [] {
-    using Geo = LeanGeo<D, B2>;
-    int n = 0;
-    if (cudaFuncSetAttribute(lean_kernel<D, B2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(Geo::kSmem)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_kernel<D, B2>, kLeanWarps * 32, Geo::kSmem) !=
-            cudaSuccess)
-      n = 0;
-    cudaGetLastError();
-    return n;
-  }();
+  static const int ctas = lean_opt_in(lean_kernel<D, B2>, kLeanWarps * 32, LeanGeo<D, B2>::kSmem);
   return ctas;
 }
 
@@ -1221,27 +1224,17 @@ template <int D, int B2, int P>
 inline size_t lean_q_prep_smem() {
   static const size_t bytes = [] {
     const size_t n = size_t(D) * D * sizeof(float);
-    cudaFuncSetAttribute(lean_q_prep_kernel<D, B2, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(n));
-    cudaGetLastError();
+    lean_opt_in(lean_q_prep_kernel<D, B2, P>, kLeanWarps * 32, n);
     return n;
   }();
   return bytes;
 }
 
-// The merge kernel of S slices: its shared-memory opt-in (once), then its resident CTAs per SM (at least 1).
+// The merge kernel of S slices: its opt-in (once), then its resident CTAs per SM (at least 1).
 template <int D, int B2, int S>
 inline int lean_merge_prepare() {
-  static const int ctas = [] {
-    int n = 0;
-    const int smem = static_cast<int>(lean_merge_smem<D>(S));
-    if (cudaFuncSetAttribute(lean_merge_kernel<D, B2, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-            cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_merge_kernel<D, B2, S>, S * kMergeSliceThreads, smem) !=
-            cudaSuccess)
-      n = 1;
-    cudaGetLastError();
-    return std::max(n, 1);
-  }();
+  static const int ctas =
+      std::max(lean_opt_in(lean_merge_kernel<D, B2, S>, S * kMergeSliceThreads, lean_merge_smem<D>(S)), 1);
   return ctas;
 }
 template <int D, int B2>
