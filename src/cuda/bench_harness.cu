@@ -286,7 +286,10 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
     a.table = view_of(BlockTable{tables_d + size_t(r) * needed, lens_d, static_cast<int>(ppseq), batch});
     run_decode(plan, a, cs);
   };
+  const unsigned long long lean_before = lean_last_launch().launches;
   for (int r = 0; r < rot; ++r) launch(r);  // warm-up (module load, smem attribute)
+  const LeanLaunchInfo li = lean_last_launch();  // what the lean launcher chose, if this plan ran the lean path
+  const bool lean = li.launches != lean_before;
   KVPACK_CUDA_CHECK(cudaStreamSynchronize(cs));
   // One graph of the rotation's launches, replayed per sample; eager launches if capture or instantiation fails.
   cudaGraphExec_t exec = nullptr;
@@ -350,6 +353,12 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   t.bandwidth_tbs = bytes / (t.median_us * 1e-6) / 1e12;
   t.num_splits = plan.num_splits;
   t.leaf = plan.leaf;
+  if (lean) {
+    t.lean_mode = li.leaf;
+    t.lean_mix = li.mix;
+    t.prep_ctas = li.prep_ctas;
+    t.merge_slices = li.merge_slices;
+  }
   t.stages = plan.stages;
   t.rotations = rot;
   t.plan_source = plan.source;

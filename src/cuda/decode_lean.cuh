@@ -920,6 +920,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
 constexpr int kMergeSliceThreads = 64;
 inline std::atomic<int> g_force_merge_slices{0};  // lean_force_merge_slices (tests)
 inline std::atomic<int> g_force_mix{0};            // lean_force_mix (tests)
+inline thread_local LeanLaunchInfo g_last_lean;    // lean_last_launch (kvpack bench)
 // Dynamic shared memory of a merge CTA of S slices: the round's partials (S x 16 chunks x D floats) and their (m, l).
 template <int D>
 constexpr size_t lean_merge_smem(int slices) {
@@ -1302,10 +1303,10 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // SM, else 1 (8 heads each; at large batch its G reads would grow 4x for a phase the launch barely sees).
   // KVPACK_LEAN_PREP_SPLIT=1 / 4 forces it (measurement). Same bits either way.
   static const int prep_env = lean_env_int("KVPACK_LEAN_PREP_SPLIT", 0);
+  const bool four = B2 != 0 && (prep_env ? prep_env == 4
+                                          : int64_t{batch} * kp.num_kv_heads * 4 <= int64_t{2} * device_sm_count());
   if constexpr (B2 != 0)
     if (only & 1) {
-      const bool four = prep_env ? prep_env == 4
-                                 : int64_t{batch} * kp.num_kv_heads * 4 <= int64_t{2} * device_sm_count();
       if (four)
         lean_launch(lean_q_prep_kernel<D, B2, 4>, dim3(kp.num_kv_heads * 4, batch), kLeanWarps * 32,
                     lean_q_prep_smem<D, B2, 4>(), stream, false, kp);
@@ -1328,6 +1329,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const int slices = lean_merge_slices(int64_t{kp.num_kv_heads} * batch * kp.group, kp.max_groups, device_sm_count(),
                                        merge_occ, forced ? forced : slices_env);
   if (only & 4) launch_lean_merge<D, B2>(slices, dim3(kp.num_kv_heads, batch, kp.group), stream, pdl, kp);
+  g_last_lean = LeanLaunchInfo{leaf ? 1 : 0, splits, mix, B2 == 0 ? 0 : four ? 4 : 1, slices, g_last_lean.launches + 1};
 }
 
 }  // namespace kvpack::cuda_detail

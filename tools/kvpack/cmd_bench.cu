@@ -129,15 +129,20 @@ int run_bench(const Opts& o) {
                       {"stages", t.stages}, {"plan", t.plan_source}, {"rotations", t.rotations},
                       {"kernel", kvpack::decode_kernel_name(f)}, {"timing", t.timing}});
           if (t.leaf >= 0) row["leaf"] = t.leaf == 1;
+          if (t.lean_mode >= 0)  // the lean launcher's choices (bench/NOTES.md v48: mixed grid, preparation split)
+            row.update({{"lean_mode", t.lean_mode == 1 ? "leaf" : t.lean_mix > 0 ? "mixed" : "warp"},
+                        {"lean_mix", t.lean_mix}, {"prep_ctas", t.prep_ctas}, {"merge_slices", t.merge_slices}});
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
-          // The lean kernel (q4 / q3.5 / q3) counts warps per (sequence, kv head) and has no pipeline-depth setting.
-          const bool lean = std::string(kvpack::decode_kernel_name(f)) == "lean";
           fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
                      kvpack::format_name(f), sh.qo, sh.kv, sh.d, b, c, t.median_us, t.bandwidth_tbs,
                      100 * t.bandwidth_tbs / read_bw, t.timing,
-                     lean ? (t.leaf == 1 ? std::string("lean, leaf mode") : fmt::format("lean, warps {}", t.num_splits))
-                          : fmt::format("splits {} stages {}", t.num_splits, t.stages));
+                     t.lean_mode == 1 ? fmt::format("lean, leaf mode, prep {} merge {}", t.prep_ctas, t.merge_slices)
+                     : t.lean_mode == 0
+                         ? fmt::format("lean, warps {}{}, prep {} merge {}", t.num_splits,
+                                       t.lean_mix ? fmt::format(" mixed {}", t.lean_mix) : "", t.prep_ctas,
+                                       t.merge_slices)
+                         : fmt::format("splits {} stages {}", t.num_splits, t.stages));
         }
         // Write path: one decode step (one token per sequence) and a prefill of 64k tokens, for one layer.
         for (int n : {b, 65536}) {
