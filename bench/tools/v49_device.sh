@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call (bench/NOTES.md v49): main as it stands (v48 + the host-side review commit) on whatever GPU comes.
 # In order of priority: the full grid with FlashInfer; page scatter A/B (`kvpack bench --pages shuffled|contiguous`,
-# 2 interleaved rounds) on the latency-bound cells; the stamped timeline of both page orders; every GPU test; the
+# 2 interleaved rounds) on the latency-bound cells; fp8's regular kernel against its opt-in lean one; the stamped timeline of both page orders; every GPU test; the
 # sanitizers; fp8's opt-in lean kernel under random shapes. Each cut to what is left of LIMIT_S (default 560).
-# Carry [".whl"]. Files in $OUT: bench_fi.json, pages.json, stamps_*.txt.gz, log.txt, env.log.
+# Carry [".whl"]. Files in $OUT: bench_fi.json, pages.json, fp8_lean.json, stamps_*.txt.gz, log.txt, env.log.
 #   LIMIT_S=560 bash bench/tools/v49_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v49_out
 left() { echo $(( ${LIMIT_S:-560} - ($(date +%s) - t0) )); }
@@ -25,6 +25,15 @@ for r in 1 2; do
 done
 stamp "pages A/B"
 python3 bench/tools/ab_summary.py "$W" "$OUT/pages.json" | tee "$W/ab_summary.txt"
+# fp8: the regular kernel (default) against its opt-in lean variant (KVPACK_LEAN_FP8=1), 2 interleaved rounds.
+WP=$W; W=$W/fp8; mkdir -p "$W"
+for r in 1 2; do
+  GRID="--formats fp8 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 32768,65536,131072" ab_bench base $r
+  GRID="--formats fp8 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 32768,65536,131072" ab_bench lean $r KVPACK_LEAN_FP8=1
+done
+stamp "fp8 lean A/B"
+python3 bench/tools/ab_summary.py "$W" "$OUT/fp8_lean.json" | tee "$WP/fp8_summary.txt"
+W=$WP
 wait $stampspid; stamp "stamped build rc=$?"
 for p in shuffled contiguous; do
   KVPACK_STAMPS_OUT="$OUT/stamps_$p.txt" timeout 60 ./build-stamps/kvpack bench --pages $p \
@@ -53,7 +62,7 @@ fi
 { cat "$OUT/env.log"; echo "== build"; grep -E "registers|spill|error" "$OUT/build.log" | head -80;
   echo "== bench + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null;
   grep -vE " write" "$W/fi/bench.log" 2>/dev/null | tail -40; tail -30 "$W/fi/flashinfer.log" 2>/dev/null;
-  echo "== pages A/B"; cat "$W/ab_summary.txt";
+  echo "== pages A/B"; cat "$W/ab_summary.txt"; echo "== fp8 regular / lean"; cat "$W/fp8_summary.txt";
   for p in shuffled contiguous; do echo "== stamps $p"; cat "$W/stamps_$p.log" 2>/dev/null; done
   echo "== tests"; grep -vE "^/.*Failure$" "$W/tests.log" 2>/dev/null | tail -120;
   echo "== sanitizers"; tail -30 "$W/sanitizer.log" 2>/dev/null;
