@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call (bench/NOTES.md v49): main as it stands (v48 + the host-side review commit) on whatever GPU comes.
 # In order of priority: the full grid with FlashInfer; page scatter A/B (`kvpack bench --pages shuffled|contiguous`,
-# 2 interleaved rounds) on the latency-bound cells; fp8's regular kernel against its opt-in lean one; the stamped timeline of both page orders; every GPU test; the
-# sanitizers; fp8's opt-in lean kernel under random shapes. Each cut to what is left of LIMIT_S (default 560).
+# 2 interleaved rounds) on the latency-bound cells; fp8's regular kernel against its opt-in lean one; the stamped
+# timeline of both page orders; every GPU test; the sanitizers; fp8's opt-in lean kernel under random shapes. Each cut
+# to what is left of LIMIT_S (default 560).
 # Carry [".whl"]. Files in $OUT: bench_fi.json, pages.json, fp8_lean.json, stamps_*.txt.gz, log.txt, env.log.
 #   LIMIT_S=560 bash bench/tools/v49_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v49_out
