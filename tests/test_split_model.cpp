@@ -165,3 +165,13 @@ TEST(LeanMergeSlices, OneRoundWhileOneWave) {
   EXPECT_EQ(lean_merge_slices(200, 16, 132, none), 1);
 }
 
+
+TEST(Fp8LeanDefault, OneKvHeadAtHeadDim128Only) {
+  EXPECT_TRUE(fp8_lean_default(8, 1, 128));    // Llama-3.1-70B per GPU under 8-way tensor parallelism
+  EXPECT_TRUE(fp8_lean_default(4, 1, 128));
+  EXPECT_TRUE(fp8_lean_default(1, 1, 128));
+  EXPECT_FALSE(fp8_lean_default(32, 8, 128));  // Llama-3.1-8B: the regular kernel was faster at batch >= 8
+  EXPECT_FALSE(fp8_lean_default(16, 2, 128));
+  EXPECT_FALSE(fp8_lean_default(8, 1, 64));    // the lean fp8 kernel exists at head_dim 128 only
+  EXPECT_FALSE(fp8_lean_default(16, 1, 128));  // a group beyond the lean kernel's n8 tile
+}

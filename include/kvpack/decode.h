@@ -147,7 +147,16 @@ int lean_default_splits(int64_t chunks);
 // time than warp mode whole, else 0 (leaf mode below one wave, lean_default_leaf; warp mode whole above). Host code.
 int lean_mixed_chunks(int64_t units, int64_t chunks, int64_t warp_slots);
 // The decode kernel a format runs on: "lean" (q4, q3.5, q3: their lane layout has no other reader) or "regular". Host code.
+// (fp8 may also run on the lean kernel for some shapes, fp8_lean_default; its plans and tuning entries stay "regular":
+// the lean kernel reads a regular fp8 plan's split count as warps, 8 per split.)
 const char* decode_kernel_name(Format f);
+// Whether fp8 decodes on the lean kernel (sm_90, head_dim 128) rather than the regular one for a model shape: one kv
+// head (per GPU: e.g. Llama-3.1-70B under 8-way tensor parallelism, 8q/1kv) with a group of at most 8 (the lean
+// kernel's n8 tile). Measured (H100, 2026-12-06, bench/NOTES.md v49; 30 cells of batch 1-64 x 32k-128k in one run):
+// the lean kernel 1.00-1.78x faster than the regular one at 8q/1kv in every cell, but 0.86-0.96x at 32q/8kv batch
+// >= 8. The choice depends on the shape only, never on the batch, so a sequence decodes to the same bits whatever
+// batch it is in. KVPACK_LEAN_FP8=0 / 1 forces either kernel (measurement). Host code.
+bool fp8_lean_default(int num_qo_heads, int num_kv_heads, int head_dim);
 // The lean merge kernel's slices (fold groups folded per round: 1, 2, 4, 8 or 16, same bits for every count): the
 // smallest power of two >= `fold_groups` (one round; at most 16), halved while its grid of `merge_ctas` CTAs does
 // not fit one wave, `sms` x `ctas_per_sm[i]` (the kernel's occupancy at 1, 2, 4, 8, 16 slices). `forced` (one of

@@ -81,4 +81,8 @@ int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&
   return s;
 }
 
+bool fp8_lean_default(int num_qo_heads, int num_kv_heads, int head_dim) {
+  return head_dim == 128 && num_kv_heads == 1 && num_qo_heads >= 1 && num_qo_heads <= 8;
+}
+
 }  // namespace kvpack

@@ -1069,9 +1069,8 @@ void launch_decode(const DecodeKernelParams& kp, int batch, cudaStream_t stream)
   decode_kernel<P, D, GMAX, kMin><<<grid, kThreads, smem, stream>>>(kp);
 }
 
-// The lean kernel (decode_lean.cuh: q4, q3.5 and q3 always, fp8 at head_dim 128 on sm_90 with KVPACK_LEAN_FP8=1): defined in
-// decode_lean.cu; returns false when it
-// does not apply (then the regular kernel runs).
+// The lean kernel (decode_lean.cuh: q4, q3.5 and q3 always, fp8 at head_dim 128 on sm_90 for the shapes of
+// fp8_lean_default): defined in decode_lean.cu; returns false when it does not apply (then the regular kernel runs).
 bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, int batch, cudaStream_t st);
 
 // Launch for one format: instantiated in decode_<format>.cu.

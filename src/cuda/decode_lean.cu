@@ -24,7 +24,7 @@ bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, in
     }
     return true;
   }
-  if (f != Format::fp8 || !lean_fp8_applies(head_dim)) return false;
+  if (f != Format::fp8 || !lean_fp8_applies(head_dim, kp.num_qo_heads, kp.num_kv_heads)) return false;
   launch_lean<128, 0>(kp, batch, st);
   return true;
 }

@@ -1168,10 +1168,13 @@ inline int lean_env_int(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
-// fp8's lean kernel is opt-in (KVPACK_LEAN_FP8=1): measured at 0.87-0.94x of the regular kernel (H100, 2026-12-06,
-// bench/NOTES.md v34), so the regular kernel stays fp8's default.
-inline bool lean_fp8_applies(int head_dim) {
-  return head_dim == 128 && device_cc_major() >= 9 && lean_env_int("KVPACK_LEAN_FP8", 0) != 0;
+// fp8 on the lean kernel (sm_90, head_dim 128): for the shapes of fp8_lean_default (one kv head; host code,
+// split_model.cpp), else the regular kernel (the lean one was 0.86-0.96x of it at 32q/8kv batch >= 8, bench/NOTES.md
+// v34, v41, v49). KVPACK_LEAN_FP8=0 / 1 forces either (measurement).
+inline bool lean_fp8_applies(int head_dim, int num_qo_heads, int num_kv_heads) {
+  static const int env = lean_env_int("KVPACK_LEAN_FP8", -1);
+  if (head_dim != 128 || device_cc_major() < 9) return false;
+  return env >= 0 ? env != 0 : fp8_lean_default(num_qo_heads, num_kv_heads, head_dim);
 }
 
 // Programmatic dependent launch (sm_90+): the lean kernel starts its copies while the query preparation runs, and the

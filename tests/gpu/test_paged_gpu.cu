@@ -385,16 +385,19 @@ TEST(DecodeGpu, EmptySequenceGivesZeroAndMinusInfLse) {
 TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
   KVPACK_REQUIRE_GPU();
   std::mt19937 rng(31337);
-  for (Format f : paged_formats()) {
-    const PagedLayout l = make_paged_layout(f, 16, 2, 128);
+  for (Format f : paged_formats())
+  for (int kv : f == Format::fp8 ? std::vector<int>{2, 1} : std::vector<int>{2}) {
+    // fp8 also with one kv head: the shape fp8_lean_default puts on the lean kernel (sm_90).
+    SCOPED_TRACE(::testing::Message() << format_name(f) << " kv " << kv);
+    const PagedLayout l = make_paged_layout(f, 16, kv, 128);
     // 20001 tokens = 40 chunks: three fold groups (16, 16, 8) whose chunks are spread over the CTAs differently
     // by every split count below (v21's two-level fold); 8192 = 16 chunks is one group, folded directly.
     std::vector<int64_t> lens{5000, 1, 2049, 511, 8192, 20001};
     PagedBatch pb = make_batch(l, lens, rng);
     DevBatch db(pb);
-    // qo 8: group 4. qo 16: group 8, whose tensor-core kernels come in two register variants picked by grid size
-    // (v12): splits 1..64 x 2 kv heads x 5 sequences span 10..640 CTAs, on both sides of the GPU's SM count.
-    for (int qo : {8, 16}) {
+    // group 4 and group 8, whose tensor-core kernels come in two register variants picked by grid size (v12):
+    // splits 1..64 x 2 kv heads x 5 sequences span 10..640 CTAs, on both sides of the GPU's SM count.
+    for (int qo : {4 * kv, 8 * kv}) {
       auto q = random_bf16(lens.size() * qo * 128, rng, 2.0f);
       AttnResult base = run_attention(pb, db, q, qo, true, 1, 2);
       expect_close(compare(pb, q, qo, base));
@@ -406,7 +409,7 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
             ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
           }
         }
-      // A plan for a much longer max_context: the lean kernel (q4, q3; fp8 with KVPACK_LEAN_FP8=1) then runs one warp per chunk instead of one CTA per
+      // A plan for a much longer max_context: the lean kernel (q formats; fp8 at one kv head) then runs one warp per chunk instead of one CTA per
       // chunk (decode_lean.cuh, leaf mode), with the same bits.
       {
         AttnResult r = run_attention(pb, db, q, qo, true, 4, 3, int64_t{1} << 20);
@@ -427,7 +430,7 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
       }
       // Batch composition: a permuted batch (same pool, permuted table rows) gives the permuted outputs bit for bit,
       // and a sequence alone gives the same bits as inside the batch. 72 rows (each sequence 12 times, pages shared)
-      // make the lean merge grid large enough for two merge slices per CTA at qo 16 (four at qo 8 and in the base
+      // make the lean merge grid large enough for two merge slices per CTA at group 8 (four at group 4 and in the base
       // run: launch_lean's slice count depends on the grid; same bits; every count: LeanMergeSliceCountsGiveTheSameBits).
       auto rows_of = [&](const std::vector<int>& perm, std::vector<uint16_t>& q2) {
         PagedBatch pb2 = pb;

@@ -127,7 +127,7 @@ int run_bench(const Opts& o) {
                       {"min_us", t.min_us}, {"bandwidth_tbs", t.bandwidth_tbs}, {"bytes", t.bytes},
                       {"frac_read_bw", t.bandwidth_tbs / read_bw}, {"num_splits", t.num_splits},
                       {"stages", t.stages}, {"plan", t.plan_source}, {"rotations", t.rotations},
-                      {"kernel", kvpack::decode_kernel_name(f)}, {"timing", t.timing}});
+                      {"kernel", t.lean_mode >= 0 ? "lean" : kvpack::decode_kernel_name(f)}, {"timing", t.timing}});
           if (t.leaf >= 0) row["leaf"] = t.leaf == 1;
           if (t.lean_mode >= 0)  // the lean launcher's choices (bench/NOTES.md v48: mixed grid, preparation split)
             row.update({{"lean_mode", t.lean_mode == 1 ? "leaf" : t.lean_mix > 0 ? "mixed" : "warp"},
