@@ -4,6 +4,8 @@
 # grid with FlashInfer; page scatter A/B (`kvpack bench --pages shuffled|contiguous`) on the latency-bound cells;
 # fp8's regular kernel against its opt-in lean one; the stamped timeline of both page orders; the other GPU tests; the
 # sanitizers; fp8's opt-in lean kernel under random shapes. Each cut to what is left of LIMIT_S (default 560).
+# As run (2026-12-06, bench/NOTES.md v49) it had bench/patches/v49_merge_split.patch applied (`git apply` it first to
+# repeat the split's A/B; on main, without it, KVPACK_LEAN_MERGE_SPLIT does not exist and its three variants are one).
 # Carry [".whl"]. Files in $OUT: bench_fi.json, split.json, pages.json, fp8_lean.json, stamps_*.txt.gz, log.txt.
 #   LIMIT_S=560 bash bench/tools/v49_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v49_out
