@@ -50,3 +50,15 @@ ab_bench() {
   shift 2
   env "$@" ./build-device/kvpack bench $GRID --json "$W/ab_${v}_$r.json" > /dev/null 2>&1
 }
+# sanitize_small TESTS SECONDS MEMCHECK_FILTER: memcheck (MEMCHECK_FILTER) then racecheck (empty sequences, graph
+# capture) of the test binary TESTS within SECONDS in all, into $W/sanitizer.log; prints the summaries.
+sanitize_small() {
+  local t=$1 l=$2 filter=$3 s
+  s=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  { echo "== memcheck"; timeout $(((l - 10) / 2)) $s --tool memcheck --error-exitcode 9 $t --gtest_filter="$filter"
+    echo "rc=$?"
+    echo "== racecheck"; timeout $(((l - 10) / 2)) $s --tool racecheck --error-exitcode 9 $t \
+      --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*'
+    echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
+  stamp "sanitizers done"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" | head -8
+}

@@ -47,15 +47,8 @@ if [ "$l" -gt 120 ]; then
   timeout $((l - 60)) $T --gtest_filter="-${FIRST_TESTS:-DecodeGpu.LeanMixed*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMergeSlice*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$W/tests_rest.log" 2>&1
   stamp "rest of the GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_rest.log" | head -30
 fi
-S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 l=$(left)
-if [ "$l" -gt 40 ]; then
-  { echo "== memcheck"; timeout $(((l - 10) / 2)) $S --tool memcheck --error-exitcode 9 $T \
-      --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*'; echo "rc=$?";
-    echo "== racecheck"; timeout $(((l - 10) / 2)) $S --tool racecheck --error-exitcode 9 $T \
-      --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*'; echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
-  stamp "sanitizers done"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" | head -8
-fi
+[ "$l" -gt 40 ] && sanitize_small $T $l 'DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*'
 # Forced mixed splits (warp-mode chunks per (sequence, kv head)) on cells of 2,048 and 4,096 chunk-warps.
 {
   for cell in "32/8/128 1 131072" "8/1/128 8 131072"; do

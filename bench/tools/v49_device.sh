@@ -67,15 +67,8 @@ if [ "$l" -gt 120 ]; then
   timeout $((l - 70)) $T --gtest_filter="-$FIRST" > "$W/tests.log" 2>&1
   stamp "GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests.log" | head -40
 fi
-S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 l=$(left)
-if [ "$l" -gt 40 ]; then
-  { echo "== memcheck"; timeout $(((l - 10) / 2)) $S --tool memcheck --error-exitcode 9 $T \
-      --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*:PagedWriteGpu.OutOfRange*'; echo "rc=$?";
-    echo "== racecheck"; timeout $(((l - 10) / 2)) $S --tool racecheck --error-exitcode 9 $T \
-      --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*'; echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
-  stamp "sanitizers done"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" | head -8
-fi
+[ "$l" -gt 40 ] && sanitize_small $T $l 'DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*:PagedWriteGpu.OutOfRange*'
 l=$(left)
 if [ "$l" -gt 30 ]; then
   KVPACK_LEAN_FP8=1 timeout $((l - 10)) $T --gtest_filter='DecodeGpu.RandomShapes*' > "$W/tests_lean_fp8.log" 2>&1
