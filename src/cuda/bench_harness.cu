@@ -358,6 +358,7 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
     t.lean_mix = li.mix;
     t.prep_ctas = li.prep_ctas;
     t.merge_slices = li.merge_slices;
+    t.lean_warps = li.splits;
   }
   t.stages = plan.stages;
   t.rotations = rot;

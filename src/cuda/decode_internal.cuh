@@ -22,7 +22,7 @@ void lean_force_merge_slices(int slices);
 // Tests: force the lean kernel's mixed grid (lean_mixed_chunks) with `mix` warp-mode chunks per (sequence, kv head)
 // (rounded down to a multiple of 4, at least 4; 0 = the launcher's rule) for later q-format launches.
 void lean_force_mix(int mix);
-// What the lean launcher chose at this thread's last lean-path launch (q4 / q3.5 / q3, fp8 opt-in), for kvpack bench's
+// What the lean launcher chose at this thread's last lean-path launch (q4 / q3.5 / q3; fp8 at one kv head), for kvpack bench's
 // rows: leaf mode (1) or warp mode (0); warps per (sequence, kv head) in warp mode; the mixed grid's warp-mode chunks
 // per (sequence, kv head) (0 = not mixed); the query preparation's CTAs per (sequence, kv head) (0 = none: fp8); the
 // merge's slices; `launches` counts this thread's lean launches. All zero before any lean launch.

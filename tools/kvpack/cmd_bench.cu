@@ -131,7 +131,8 @@ int run_bench(const Opts& o) {
           if (t.leaf >= 0) row["leaf"] = t.leaf == 1;
           if (t.lean_mode >= 0)  // the lean launcher's choices (bench/NOTES.md v48: mixed grid, preparation split)
             row.update({{"lean_mode", t.lean_mode == 1 ? "leaf" : t.lean_mix > 0 ? "mixed" : "warp"},
-                        {"lean_mix", t.lean_mix}, {"prep_ctas", t.prep_ctas}, {"merge_slices", t.merge_slices}});
+                        {"lean_mix", t.lean_mix}, {"prep_ctas", t.prep_ctas}, {"merge_slices", t.merge_slices},
+                        {"lean_warps", t.lean_warps}});
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
           fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
@@ -139,7 +140,7 @@ int run_bench(const Opts& o) {
                      100 * t.bandwidth_tbs / read_bw, t.timing,
                      t.lean_mode == 1 ? fmt::format("lean, leaf mode, prep {} merge {}", t.prep_ctas, t.merge_slices)
                      : t.lean_mode == 0
-                         ? fmt::format("lean, warps {}{}, prep {} merge {}", t.num_splits,
+                         ? fmt::format("lean, warps {}{}, prep {} merge {}", t.lean_warps,
                                        t.lean_mix ? fmt::format(" mixed {}", t.lean_mix) : "", t.prep_ctas,
                                        t.merge_slices)
                          : fmt::format("splits {} stages {}", t.num_splits, t.stages));
