@@ -46,10 +46,10 @@ PG="--formats fp8,q4,q3 --shapes 8/1/128,32/8/128 --batch 1,8,16 --context 32768
 done
 stamp "pages A/B"
 python3 bench/tools/ab_summary.py "$W" "$OUT/pages.json" | tee "$W/ab_summary.txt"
-# fp8: the regular kernel (default) against its opt-in lean variant (KVPACK_LEAN_FP8=1), one round.
+# fp8: the regular kernel (KVPACK_LEAN_FP8=0; as run, the default) against the lean one (=1), one round.
 WP=$W; W=$W/fp8; mkdir -p "$W"
 [ "$(left)" -gt 160 ] && for r in 1; do
-  GRID="--formats fp8 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 32768,65536,131072" ab_bench base $r
+  GRID="--formats fp8 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 32768,65536,131072" ab_bench base $r KVPACK_LEAN_FP8=0
   GRID="--formats fp8 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 32768,65536,131072" ab_bench lean $r KVPACK_LEAN_FP8=1
 done
 stamp "fp8 lean A/B"
