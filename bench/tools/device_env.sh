@@ -1,13 +1,22 @@
-# Sourced by the one-call device scripts (lean_device.sh, lean_branch_device.sh, q4_lanes_device.sh, lean_tune_device.sh):
-#   source "$(dirname "$0")/device_env.sh" DEFAULT_OUT
+# Sourced by the one-call device scripts (lean_device.sh, lean_branch_device.sh, q4_lanes_device.sh, lean_tune_device.sh,
+# v47-v49):
+#   source "$(dirname "$0")/device_env.sh" DEFAULT_OUT [WORK_DIR [DEFAULT_LIMIT_S]]
 # OUT (default DEFAULT_OUT) created, the working directory set to the repository root, `stamp MSG` printing the
-# seconds since this point, `build_device TARGET...` (below), and the GPU's name, driver and clocks in $OUT/env.log.
+# seconds since this point, `left` the seconds left of LIMIT_S (default DEFAULT_LIMIT_S, else 560) since this point,
+# W = WORK_DIR emptied (when given), `build_device TARGET...` and the helpers below, and the GPU's name, driver and
+# clocks in $OUT/env.log.
 set -u
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+limit_default=${3:-560}
+left() { echo $(( ${LIMIT_S:-$limit_default} - ($(date +%s) - t0) )); }
+if [ -n "${2:-}" ]; then
+  W=$2
+  rm -rf "$W" && mkdir -p "$W"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/env.log" 2>&1
 # build_device TARGET...: configure and build the GPU-only tree (build-device, sm_90a) into $OUT/build.log; prints
 # the errors and exits the calling script when the build fails.
@@ -61,4 +70,13 @@ sanitize_small() {
       --gtest_filter='DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*'
     echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
   stamp "sanitizers done"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" | head -8
+}
+# fi_grid: the full benchmark grid (every format, both shapes, batch 1-64 x 8k-128k; FI_BENCH overrides it) with
+# FlashInfer's fp8 decode in the same run (bench/run_device.sh bench,flashinfer) into $W/fi, its JSON copied to
+# $OUT/bench_fi.json.
+fi_grid() {
+  OUT=$W/fi BENCH_ARGS="${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072}" \
+    bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
+  stamp "bench + flashinfer rc=$?"
+  cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
 }

@@ -4,10 +4,7 @@
 # of priority, each cut to what is left of LIMIT_S (default 450). Carry [".whl"] (bench/flashinfer/fetch_flashinfer.sh).
 # Files in $OUT: bench_fi.json (full grid + FlashInfer), ab.json, stamps.txt, log.txt, env.log.
 #   PATCH=bench/results/logs/v47.patch LIMIT_S=450 bash bench/tools/v47_device.sh
-source "$(dirname "$0")/device_env.sh" /tmp/v47_out
-left() { echo $(( ${LIMIT_S:-450} - ($(date +%s) - t0) )); }
-W=/tmp/v47_work
-rm -rf "$W" && mkdir -p "$W"
+source "$(dirname "$0")/device_env.sh" /tmp/v47_out /tmp/v47_work 450
 start_base_build /tmp/v47_base 6
 start_stamps_build
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
@@ -16,10 +13,7 @@ T=./build-device/kvpack_gpu_tests
 K=./build-device/kvpack
 $T --gtest_filter="${FIRST_TESTS:-DecodeGpu.LeanMergeSlice*:DecodeGpu.BitwiseIdentical*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$W/tests_first.log" 2>&1
 stamp "first GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_first.log" | head -20
-OUT=$W/fi BENCH_ARGS="${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072}" \
-  bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
-stamp "bench + flashinfer rc=$?"
-cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
+fi_grid
 wait $basepid; stamp "base build rc=$?"
 GRID=${GRID:---formats fp8,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 32768,131072}
 for r in 1 2; do

@@ -6,10 +6,7 @@
 # to what is left of LIMIT_S (default 560). Carry [".whl"].
 # Files in $OUT: ab.json, bench_fi.json, sweep.txt, stamps.txt.gz, log.txt, env.log.
 #   LIMIT_S=560 bash bench/tools/v48_device.sh
-source "$(dirname "$0")/device_env.sh" /tmp/v48_out
-left() { echo $(( ${LIMIT_S:-560} - ($(date +%s) - t0) )); }
-W=/tmp/v48_work
-rm -rf "$W" && mkdir -p "$W"
+source "$(dirname "$0")/device_env.sh" /tmp/v48_out /tmp/v48_work 560
 start_stamps_build
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 lean_registers
@@ -34,10 +31,7 @@ ab_round() {  # ab_round ROUND VARIANT...
 }
 ab_round 1 ${VARIANTS:-base new prep}
 if [ "$(left)" -gt 90 ]; then
-  OUT=$W/fi BENCH_ARGS="${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072}" \
-    bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
-  stamp "bench + flashinfer rc=$?"
-  cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
+  fi_grid
 fi
 [ "$(left)" -gt 330 ] && ab_round 2 base new
 python3 bench/tools/ab_summary.py "$W" "$OUT/ab.json" | tee "$W/ab_summary.txt"

@@ -4,10 +4,7 @@
 # the bitwise-identity test with KVPACK_LEAN_PRE=1 and =0; each cut to what is left of LIMIT_S (default 270). Carry [".whl"].
 # Files in $OUT: ab.json, bench_fi.json, log.txt, env.log.
 #   LIMIT_S=270 bash bench/tools/v48b_device.sh
-source "$(dirname "$0")/device_env.sh" /tmp/v48b_out
-left() { echo $(( ${LIMIT_S:-270} - ($(date +%s) - t0) )); }
-W=/tmp/v48b_work
-rm -rf "$W" && mkdir -p "$W"
+source "$(dirname "$0")/device_env.sh" /tmp/v48b_out /tmp/v48b_work 270
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 T=./build-device/kvpack_gpu_tests
 GRID=${GRID:---formats q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16 --context 32768,131072}
@@ -24,10 +21,7 @@ for r in 1 2; do
 done
 python3 bench/tools/ab_summary.py "$W" "$OUT/ab.json" | tee "$W/ab_summary.txt"
 if [ "$(left)" -gt 70 ]; then
-  OUT=$W/fi BENCH_ARGS="${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072}" \
-    bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
-  stamp "bench + flashinfer rc=$?"
-  cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
+  fi_grid
 fi
 for pre in 1 0; do
   l=$(left)

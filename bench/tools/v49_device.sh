@@ -8,10 +8,7 @@
 # repeat the split's A/B; on main, without it, KVPACK_LEAN_MERGE_SPLIT does not exist and its three variants are one).
 # Carry [".whl"]. Files in $OUT: bench_fi.json, split.json, pages.json, fp8_lean.json, stamps_*.txt.gz, log.txt.
 #   LIMIT_S=560 bash bench/tools/v49_device.sh
-source "$(dirname "$0")/device_env.sh" /tmp/v49_out
-left() { echo $(( ${LIMIT_S:-560} - ($(date +%s) - t0) )); }
-W=/tmp/v49_work
-rm -rf "$W" && mkdir -p "$W"
+source "$(dirname "$0")/device_env.sh" /tmp/v49_out /tmp/v49_work 560
 start_stamps_build
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 lean_registers
@@ -33,10 +30,7 @@ stamp "merge split A/B"
 python3 bench/tools/ab_summary.py "$W" "$OUT/split.json" | tee "$WP/split_summary.txt"
 W=$WP
 if [ "$(left)" -gt 200 ]; then
-  OUT=$W/fi BENCH_ARGS="${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072}" \
-    bash bench/run_device.sh bench,flashinfer > "$W/fi_stdout.log" 2>&1
-  stamp "bench + flashinfer rc=$?"
-  cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
+  fi_grid
 fi
 # Page order A/B: base = shuffled pages (the default), contig = each sequence's pages in order.
 PG="--formats fp8,q4,q3 --shapes 8/1/128,32/8/128 --batch 1,8,16 --context 32768,131072"
