@@ -80,3 +80,16 @@ fi_grid() {
   stamp "bench + flashinfer rc=$?"
   cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
 }
+# gpu_tests NAME SECONDS FILTER [VAR=VALUE ...]: the GPU tests ($T) matching the gtest FILTER, with those environment
+# variables, within SECONDS (0: no limit), into $W/NAME.log; prints the exit status and the outcome lines.
+gpu_tests() {
+  local name=$1 secs=$2 filter=$3
+  shift 3
+  if [ "$secs" -gt 0 ]; then
+    env "$@" timeout "$secs" $T --gtest_filter="$filter" > "$W/$name.log" 2>&1
+  else
+    env "$@" $T --gtest_filter="$filter" > "$W/$name.log" 2>&1
+  fi
+  stamp "$name rc=$?"
+  grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/$name.log" | head -40
+}

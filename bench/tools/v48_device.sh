@@ -12,8 +12,8 @@ build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 lean_registers
 T=./build-device/kvpack_gpu_tests
 K=./build-device/kvpack
-$T --gtest_filter="${FIRST_TESTS:-DecodeGpu.LeanMixed*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMergeSlice*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$W/tests_first.log" 2>&1
-stamp "first GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_first.log" | head -20
+FIRST=${FIRST_TESTS:-DecodeGpu.LeanMixed*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMergeSlice*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}
+gpu_tests tests_first 0 "$FIRST"
 GRID=${GRID:---formats q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 32768,65536,131072}
 # Variants: base = v47's behaviour (no mixed grid, one preparation CTA per (sequence, kv head)); new = the defaults;
 # prep = the preparation split only; leaf = leaf mode forced (the mixed grid's other end).
@@ -38,8 +38,7 @@ python3 bench/tools/ab_summary.py "$W" "$OUT/ab.json" | tee "$W/ab_summary.txt"
 # The rest of the GPU tests (random shapes vs fp64, 128k, write path, dequantiser), then the sanitizers.
 l=$(left)
 if [ "$l" -gt 120 ]; then
-  timeout $((l - 60)) $T --gtest_filter="-${FIRST_TESTS:-DecodeGpu.LeanMixed*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMergeSlice*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*}" > "$W/tests_rest.log" 2>&1
-  stamp "rest of the GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_rest.log" | head -30
+  gpu_tests tests_rest $((l - 60)) "-$FIRST"
 fi
 l=$(left)
 [ "$l" -gt 40 ] && sanitize_small $T $l 'DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*'

@@ -26,8 +26,7 @@ fi
 for pre in 1 0; do
   l=$(left)
   [ "$l" -gt 20 ] || continue
-  KVPACK_LEAN_PRE=$pre timeout $((l - 5)) $T --gtest_filter='DecodeGpu.BitwiseIdentical*:DecodeGpu.GraphCapture*' > "$W/tests_pre$pre.log" 2>&1
-  stamp "KVPACK_LEAN_PRE=$pre tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure" "$W/tests_pre$pre.log" | head
+  gpu_tests tests_pre$pre $((l - 5)) 'DecodeGpu.BitwiseIdentical*:DecodeGpu.GraphCapture*' KVPACK_LEAN_PRE=$pre
 done
 { cat "$OUT/env.log"; echo "== ab summary"; cat "$W/ab_summary.txt"; echo "== bench + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null;
   tail -30 "$W/fi/flashinfer.log" 2>/dev/null; for pre in 1 0; do echo "== tests KVPACK_LEAN_PRE=$pre";

@@ -15,8 +15,7 @@ lean_registers
 T=./build-device/kvpack_gpu_tests
 # The tests of the merge split first (every slice count with and without it, the counters' reset), then the others.
 FIRST=${FIRST_TESTS:-DecodeGpu.LeanMergeSlice*:DecodeGpu.BitwiseIdentical*:DecodeGpu.GraphCapture*:DecodeGpu.EmptySequence*:DecodeGpu.BadArguments*}
-$T --gtest_filter="$FIRST" > "$W/tests_first.log" 2>&1
-stamp "first GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_first.log" | head -20
+gpu_tests tests_first 0 "$FIRST"
 # The merge split A/B (lean_merge_split): base = off (KVPACK_LEAN_MERGE_SPLIT=0), new = the rule, on = wherever a
 # sequence has more than one round; 2 interleaved rounds on the cells of small merge grids.
 WP=$W; W=$W/split; mkdir -p "$W"
@@ -58,15 +57,13 @@ for p in shuffled contiguous; do
 done
 l=$(left)
 if [ "$l" -gt 120 ]; then
-  timeout $((l - 70)) $T --gtest_filter="-$FIRST" > "$W/tests.log" 2>&1
-  stamp "GPU tests rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests.log" | head -40
+  gpu_tests tests $((l - 70)) "-$FIRST"
 fi
 l=$(left)
 [ "$l" -gt 40 ] && sanitize_small $T $l 'DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*:PagedWriteGpu.OutOfRange*'
 l=$(left)
 if [ "$l" -gt 30 ]; then
-  KVPACK_LEAN_FP8=1 timeout $((l - 10)) $T --gtest_filter='DecodeGpu.RandomShapes*' > "$W/tests_lean_fp8.log" 2>&1
-  stamp "lean fp8 RandomShapes rc=$?"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure" "$W/tests_lean_fp8.log" | head
+  gpu_tests tests_lean_fp8 $((l - 10)) 'DecodeGpu.RandomShapes*' KVPACK_LEAN_FP8=1
 fi
 { cat "$OUT/env.log"; echo "== build"; grep -E "registers|spill|error" "$OUT/build.log" | head -80;
   echo "== tests (first)"; grep -vE "^/.*Failure$" "$W/tests_first.log" | tail -60;
