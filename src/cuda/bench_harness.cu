@@ -359,6 +359,7 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
     t.prep_ctas = li.prep_ctas;
     t.merge_slices = li.merge_slices;
     t.lean_warps = li.splits;
+    t.lean_ctas_per_sm = li.ctas_per_sm;
   }
   t.stages = plan.stages;
   t.rotations = rot;

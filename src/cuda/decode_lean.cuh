@@ -157,8 +157,11 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // sequence's sink count are masked (the merge adds them exactly). The query is prepared once per (sequence, kv head)
 // by lean_q_prep_kernel, before this kernel (PDL: this kernel's first copies overlap it); a CTA's 4 warps share one
 // (sequence, kv head), so warp mode keeps the splits a multiple of 4.
-template <int D, int B2>
-__global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
+// LO (q formats; bench/NOTES.md v50): the leaf-only instance, for leaf mode's grids without the mixed part. The loop
+// then never folds or stores a chunk, so the chunk accumulator is not live in it: 108-128 registers instead of
+// 133-168 (sm_90a), 4 CTAs per SM instead of 3. Same arithmetic in the same order: same bits.
+template <int D, int B2, bool LO = false>
+__global__ void __launch_bounds__(kLeanWarps * 32, LO ? 4 : B2 == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
   if constexpr (B2 == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); the q formats on sm_80 too
@@ -177,14 +180,14 @@ __global__ void __launch_bounds__(kLeanWarps * 32, B2 == 0 ? 1 : 3) lean_kernel(
   KVPACK_STAMP(stamps[0]);
   // Grid (ceil(H * splits / kLeanWarps), batch), or the mixed grid's (below): it depends on the plan only, never on
   // the lengths.
-  bool leaf_mode = splits == 0;
+  bool leaf_mode = LO || splits == 0;
 #if __CUDA_ARCH__ >= 900
   // The merge kernel (launched with PDL) may be scheduled once every CTA of this grid has started; it waits for this
   // grid's completion (griddepcontrol.wait) before reading a partial.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   int b = blockIdx.y, h, split, cstride;  // cstride: the warp's next chunk is split + cstride
-  if (kLaneQ && mix > 0) {
+  if (kLaneQ && !LO && mix > 0) {
     // Mixed grid (q formats, lean_mixed_chunks; grid (batch (H mix / 4 + H (max_chunks - mix)), 1)): every sequence's
     // warp-mode CTAs first (warp -> (kv head, chunk < mix), one chunk each), then every sequence's leaf-mode CTAs (CTA
     // -> (kv head, chunk >= mix)), so the short leaf CTAs run last. mix % 4 == 0: a CTA's warps share a kv head.
@@ -920,6 +923,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
 constexpr int kMergeSliceThreads = 64;
 inline std::atomic<int> g_force_merge_slices{0};  // lean_force_merge_slices (tests)
 inline std::atomic<int> g_force_mix{0};            // lean_force_mix (tests)
+inline std::atomic<bool> g_force_general{false};   // lean_force_general_instance (tests)
 inline thread_local LeanLaunchInfo g_last_lean;    // lean_last_launch (kvpack bench)
 // Dynamic shared memory of a merge CTA of S slices: the round's partials (S x 16 chunks x D floats) and their (m, l).
 template <int D>
@@ -1222,6 +1226,13 @@ inline int lean_prepare() {
   static const int ctas = lean_opt_in(lean_kernel<D, B2>, kLeanWarps * 32, LeanGeo<D, B2>::kSmem);
   return ctas;
 }
+// The q formats' leaf-only instance (lean_kernel<D, B2, true>: no chunk accumulator in the loop, 4 CTAs per SM where
+// it fits), its opt-in once; its resident CTAs per SM (0 when it cannot run here).
+template <int D, int B2>
+inline int lean_leaf_only_prepare() {
+  static const int ctas = lean_opt_in(lean_kernel<D, B2, true>, kLeanWarps * 32, LeanGeo<D, B2>::kSmem);
+  return ctas;
+}
 
 // The query preparation's dynamic shared memory (G, D x D floats), opted in once.
 template <int D, int B2, int P>
@@ -1317,9 +1328,21 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
         lean_launch(lean_q_prep_kernel<D, B2, 1>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32,
                     lean_q_prep_smem<D, B2, 1>(), stream, false, kp);
     }
-  if (only & 2)
-    lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows,
-                mix);
+  // Leaf mode's grid without the mixed part (q formats) runs on the leaf-only instance: same arithmetic, same bits,
+  // fewer registers, more CTAs per SM. KVPACK_LEAN_LEAF_ONLY=0 keeps the general instance (measurement).
+  static const int leaf_only_env = lean_env_int("KVPACK_LEAN_LEAF_ONLY", 1);
+  bool leaf_only = false;
+  if constexpr (B2 != 0)
+    leaf_only = leaf && mix == 0 && leaf_only_env != 0 && !g_force_general.load(std::memory_order_relaxed) &&
+                lean_leaf_only_prepare<D, B2>() > 0;
+  if (only & 2) {
+    if constexpr (B2 != 0)
+      if (leaf_only)
+        lean_launch(lean_kernel<D, B2, true>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl, kp, splits, krows, mix);
+    if (!leaf_only)
+      lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows,
+                  mix);
+  }
   // Merge slices: as many fold groups per round as the sequence has (up to 16: one round at 128k) while the merge grid
   // still fits one wave at that CTA size's occupancy (v40: a second wave of large merge CTAs cost more than the
   // rounds it saved). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 / 8 / 16 forces S
@@ -1332,7 +1355,11 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const int slices = lean_merge_slices(int64_t{kp.num_kv_heads} * batch * kp.group, kp.max_groups, device_sm_count(),
                                        merge_occ, forced ? forced : slices_env);
   if (only & 4) launch_lean_merge<D, B2>(slices, dim3(kp.num_kv_heads, batch, kp.group), stream, pdl, kp);
-  g_last_lean = LeanLaunchInfo{leaf ? 1 : 0, splits, mix, B2 == 0 ? 0 : four ? 4 : 1, slices, g_last_lean.launches + 1};
+  int occ = lean_prepare<D, B2>();
+  if constexpr (B2 != 0)
+    if (leaf_only) occ = lean_leaf_only_prepare<D, B2>();
+  g_last_lean = LeanLaunchInfo{leaf ? 1 : 0, splits, mix, B2 == 0 ? 0 : four ? 4 : 1, slices, occ,
+                               g_last_lean.launches + 1};
 }
 
 }  // namespace kvpack::cuda_detail

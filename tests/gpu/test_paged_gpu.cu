@@ -416,13 +416,22 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
         ASSERT_EQ(r.out, base.out) << "max_context 2^20";
         ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
       }
-      // The lean kernel's mode chosen by the plan (DecodePlan::leaf): leaf and warp mode, same bits.
-      if (std::string(decode_kernel_name(f)) == "lean")
-        for (int leaf : {0, 1}) {
-          AttnResult r = run_attention(pb, db, q, qo, leaf == 0, 8, 3, 0, true, leaf);
+      // The lean kernel's mode chosen by the plan (DecodePlan::leaf): leaf and warp mode, same bits; leaf mode also on
+      // the general kernel instance instead of the leaf-only one (q formats, decode_lean.cuh).
+      if (std::string(decode_kernel_name(f)) == "lean") {
+        int occ[3] = {};
+        for (int leaf : {0, 1, 2}) {
+          lean_force_general_instance(leaf == 2);
+          AttnResult r = run_attention(pb, db, q, qo, leaf == 0, 8, 3, 0, true, leaf ? 1 : 0);
+          lean_force_general_instance(false);
           ASSERT_EQ(r.out, base.out) << "leaf " << leaf;
           ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
+          const LeanLaunchInfo li = lean_last_launch();
+          EXPECT_EQ(li.leaf, leaf ? 1 : 0);
+          occ[leaf] = li.ctas_per_sm;
         }
+        EXPECT_GT(occ[1], occ[2]) << "the leaf-only instance's CTAs per SM";
+      }
       // The fallback plan and repeated runs.
       for (int rep = 0; rep < 3; ++rep) {
         AttnResult r = run_attention(pb, db, q, qo, true, 0, 0);

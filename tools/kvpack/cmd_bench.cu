@@ -132,7 +132,7 @@ int run_bench(const Opts& o) {
           if (t.lean_mode >= 0)  // the lean launcher's choices (bench/NOTES.md v48: mixed grid, preparation split)
             row.update({{"lean_mode", t.lean_mode == 1 ? "leaf" : t.lean_mix > 0 ? "mixed" : "warp"},
                         {"lean_mix", t.lean_mix}, {"prep_ctas", t.prep_ctas}, {"merge_slices", t.merge_slices},
-                        {"lean_warps", t.lean_warps}});
+                        {"lean_warps", t.lean_warps}, {"lean_ctas_per_sm", t.lean_ctas_per_sm}});
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
           fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
