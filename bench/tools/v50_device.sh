@@ -4,14 +4,26 @@
 # order of priority: the tests that compare its bits with the general instance and with warp mode; its A/B in one
 # binary (KVPACK_LEAN_LEAF_ONLY=0 = before); leaf mode forced (KVPACK_LEAN_LEAF=1) on the cells the rule gives to
 # warp mode or the mixed grid; the full grid with FlashInfer; the other GPU tests; the sanitizers. Each cut to what is
-# left of LIMIT_S (default 540). Carry [".whl"]. Files in $OUT: bench_fi.json, leaf_only.json, log.txt.
+# left of LIMIT_S (default 540). Carry [".whl"]. Files in $OUT: bench_fi.json, leaf_only.json, log.txt (rewritten after
+# each step, so a call cut short still returns what ran).
 #   LIMIT_S=540 bash bench/tools/v50_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v50_out /tmp/v50_work 540
+# report: $OUT/log.txt from what has run so far (rewritten after each step, so a call cut short still returns it).
+report() {
+  { cat "$OUT/env.log"; echo "== build"; grep -E "registers|spill|error" "$OUT/build.log" 2>/dev/null | head -80;
+    echo "== tests (first)"; grep -vE "^/.*Failure$" "$W/tests_first.log" 2>/dev/null | tail -60;
+    echo "== leaf-only A/B"; cat "$W/ab_summary.txt" 2>/dev/null;
+    echo "== bench + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null;
+    grep -vE " write" "$W/fi/bench.log" 2>/dev/null | tail -40; tail -30 "$W/fi/flashinfer.log" 2>/dev/null;
+    echo "== tests"; grep -vE "^/.*Failure$" "$W/tests.log" 2>/dev/null | tail -120;
+    echo "== sanitizers"; tail -30 "$W/sanitizer.log" 2>/dev/null; } > "$OUT/log.txt"
+}
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 lean_registers
 T=./build-device/kvpack_gpu_tests
 FIRST=${FIRST_TESTS:-DecodeGpu.BitwiseIdentical*:DecodeGpu.RandomShapes*:DecodeGpu.GraphCapture*:DecodeGpu.EmptySequence*:DecodeGpu.BadArguments*}
 gpu_tests tests_first 0 "$FIRST"
+report
 # A/B, 2 interleaved rounds: base = the general instance for leaf mode (before), new = the leaf-only instance (the
 # default), leaf = leaf mode forced everywhere (on the leaf-only instance).
 LG="--formats q4,q3.5,q3 --shapes 8/1/128,32/8/128 --batch 1,8,16,32 --context 32768,65536,131072"
@@ -23,16 +35,13 @@ for r in 1 2; do
 done
 stamp "leaf-only A/B"
 python3 bench/tools/ab_summary.py "$W" "$OUT/leaf_only.json" | tee "$W/ab_summary.txt"
+report
 [ "$(left)" -gt 180 ] && fi_grid
+report
 l=$(left)
 [ "$l" -gt 100 ] && gpu_tests tests $((l - 60)) "-$FIRST"
+report
 l=$(left)
 [ "$l" -gt 40 ] && sanitize_small $T $l 'DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*:PagedWriteGpu.OutOfRange*'
-{ cat "$OUT/env.log"; echo "== build"; grep -E "registers|spill|error" "$OUT/build.log" | head -80;
-  echo "== tests (first)"; grep -vE "^/.*Failure$" "$W/tests_first.log" | tail -60;
-  echo "== leaf-only A/B"; cat "$W/ab_summary.txt";
-  echo "== bench + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null;
-  grep -vE " write" "$W/fi/bench.log" 2>/dev/null | tail -40; tail -30 "$W/fi/flashinfer.log" 2>/dev/null;
-  echo "== tests"; grep -vE "^/.*Failure$" "$W/tests.log" 2>/dev/null | tail -120;
-  echo "== sanitizers"; tail -30 "$W/sanitizer.log" 2>/dev/null; } > "$OUT/log.txt"
+report
 rm -f "$OUT/build.log"
