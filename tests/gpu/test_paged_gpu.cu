@@ -430,7 +430,9 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
           EXPECT_EQ(li.leaf, leaf ? 1 : 0);
           occ[leaf] = li.ctas_per_sm;
         }
-        EXPECT_GT(occ[1], occ[2]) << "the leaf-only instance's CTAs per SM";
+        // At least as many CTAs per SM (H100: 4 against 3 for q4 and q3; q3.5's 57 KB ring keeps it at 3).
+        EXPECT_GE(occ[1], occ[2]) << "the leaf-only instance's CTAs per SM";
+        EXPECT_GT(occ[1], 0);
       }
       // The fallback plan and repeated runs.
       for (int rep = 0; rep < 3; ++rep) {
