@@ -353,14 +353,7 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   t.bandwidth_tbs = bytes / (t.median_us * 1e-6) / 1e12;
   t.num_splits = plan.num_splits;
   t.leaf = plan.leaf;
-  if (lean) {
-    t.lean_mode = li.leaf;
-    t.lean_mix = li.mix;
-    t.prep_ctas = li.prep_ctas;
-    t.merge_slices = li.merge_slices;
-    t.lean_warps = li.splits;
-    t.lean_ctas_per_sm = li.ctas_per_sm;
-  }
+  if (lean) t.lean = li;
   t.stages = plan.stages;
   t.rotations = rot;
   t.plan_source = plan.source;

@@ -2,8 +2,10 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "decode_internal.cuh"
 #include "kvpack/decode.h"
 
 namespace kvpack::bench {
@@ -26,11 +28,9 @@ struct DecodeTiming {
   double bandwidth_tbs = 0;  // bytes / median time
   int num_splits = 0, stages = 0;
   int leaf = -1;             // the plan's DecodePlan::leaf
-  // The lean path's launch as the launcher chose it (lean_last_launch; lean kernels only, else lean_mode = -1):
-  // leaf mode 1 / warp mode 0, the mixed grid's warp-mode chunks (0 = not mixed), the query preparation's CTAs per
-  // (sequence, kv head), the merge's slices, the warps per (sequence, kv head) in warp mode (fp8: 8 per plan split),
-  // the lean kernel instance's resident CTAs per SM.
-  int lean_mode = -1, lean_mix = 0, prep_ctas = 0, merge_slices = 0, lean_warps = 0, lean_ctas_per_sm = 0;
+  // The lean path's launch as the launcher chose it (lean_last_launch: mode, mixed grid, preparation, merge, warps,
+  // CTAs per SM); empty when the plan ran the regular kernel.
+  std::optional<LeanLaunchInfo> lean;
   int rotations = 0;         // distinct caches rotated over so L2 cannot serve them
   std::string plan_source;
   std::string timing;        // "graph": replays of a CUDA graph of the rotation's launches; "eager": stream launches

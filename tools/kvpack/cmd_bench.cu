@@ -127,23 +127,23 @@ int run_bench(const Opts& o) {
                       {"min_us", t.min_us}, {"bandwidth_tbs", t.bandwidth_tbs}, {"bytes", t.bytes},
                       {"frac_read_bw", t.bandwidth_tbs / read_bw}, {"num_splits", t.num_splits},
                       {"stages", t.stages}, {"plan", t.plan_source}, {"rotations", t.rotations},
-                      {"kernel", t.lean_mode >= 0 ? "lean" : kvpack::decode_kernel_name(f)}, {"timing", t.timing}});
+                      {"kernel", t.lean ? "lean" : kvpack::decode_kernel_name(f)}, {"timing", t.timing}});
           if (t.leaf >= 0) row["leaf"] = t.leaf == 1;
-          if (t.lean_mode >= 0)  // the lean launcher's choices (bench/NOTES.md v48: mixed grid, preparation split)
-            row.update({{"lean_mode", t.lean_mode == 1 ? "leaf" : t.lean_mix > 0 ? "mixed" : "warp"},
-                        {"lean_mix", t.lean_mix}, {"prep_ctas", t.prep_ctas}, {"merge_slices", t.merge_slices},
-                        {"lean_warps", t.lean_warps}, {"lean_ctas_per_sm", t.lean_ctas_per_sm}});
+          if (const auto& li = t.lean)  // the lean launcher's choices (bench/NOTES.md v48: mixed grid, preparation split)
+            row.update({{"lean_mode", li->leaf == 1 ? "leaf" : li->mix > 0 ? "mixed" : "warp"},
+                        {"lean_mix", li->mix}, {"prep_ctas", li->prep_ctas}, {"merge_slices", li->merge_slices},
+                        {"lean_warps", li->splits}, {"lean_ctas_per_sm", li->ctas_per_sm}});
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
           fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
                      kvpack::format_name(f), sh.qo, sh.kv, sh.d, b, c, t.median_us, t.bandwidth_tbs,
                      100 * t.bandwidth_tbs / read_bw, t.timing,
-                     t.lean_mode == 1 ? fmt::format("lean, leaf mode, prep {} merge {}", t.prep_ctas, t.merge_slices)
-                     : t.lean_mode == 0
-                         ? fmt::format("lean, warps {}{}, prep {} merge {}", t.lean_warps,
-                                       t.lean_mix ? fmt::format(" mixed {}", t.lean_mix) : "", t.prep_ctas,
-                                       t.merge_slices)
-                         : fmt::format("splits {} stages {}", t.num_splits, t.stages));
+                     !t.lean ? fmt::format("splits {} stages {}", t.num_splits, t.stages)
+                     : t.lean->leaf == 1
+                         ? fmt::format("lean, leaf mode, prep {} merge {}", t.lean->prep_ctas, t.lean->merge_slices)
+                         : fmt::format("lean, warps {}{}, prep {} merge {}", t.lean->splits,
+                                       t.lean->mix ? fmt::format(" mixed {}", t.lean->mix) : "", t.lean->prep_ctas,
+                                       t.lean->merge_slices));
         }
         // Write path: one decode step (one token per sequence) and a prefill of 64k tokens, for one layer.
         for (int n : {b, 65536}) {
