@@ -7,6 +7,10 @@
 # left of LIMIT_S (default 540). Carry [".whl"]. Files in $OUT: bench_fi.json, leaf_only.json, log.txt (rewritten after
 # each step, so a call cut short still returns what ran).
 #   LIMIT_S=540 bash bench/tools/v50_device.sh
+# v51 (q3.5's leaf-only instance on 3 stages, 4 CTAs per SM; branch q35-leaf3), with the tests v50 ran out of time for:
+#   AB_GRID="--formats q3.5,q4 --shapes 8/1/128,32/8/128 --batch 1,8,16 --context 32768,65536,131072" AB_FORCED_LEAF=0 \
+#   FIRST_TESTS='DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMixed*:DecodeGpu.LeanMergeSlice*:DecodeGpu.RandomShapes*' \
+#   LIMIT_S=540 bash bench/tools/v50_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v50_out /tmp/v50_work 540
 # report: $OUT/log.txt from what has run so far (rewritten after each step, so a call cut short still returns it).
 report() {
@@ -26,12 +30,13 @@ gpu_tests tests_first 0 "$FIRST"
 report
 # A/B, 2 interleaved rounds: base = the general instance for leaf mode (before), new = the leaf-only instance (the
 # default), leaf = leaf mode forced everywhere (on the leaf-only instance).
-LG="--formats q4,q3.5,q3 --shapes 8/1/128,32/8/128 --batch 1,8,16,32 --context 32768,65536,131072"
+# AB_GRID overrides the A/B's cells; AB_FORCED_LEAF=0 skips the "leaf" variant (v51: q3.5's 3-stage leaf-only ring).
+LG=${AB_GRID:-"--formats q4,q3.5,q3 --shapes 8/1/128,32/8/128 --batch 1,8,16,32 --context 32768,65536,131072"}
 for r in 1 2; do
   [ "$(left)" -gt 200 ] || break
   GRID="$LG" ab_bench base $r KVPACK_LEAN_LEAF_ONLY=0
   GRID="$LG" ab_bench new $r
-  GRID="$LG" ab_bench leaf $r KVPACK_LEAN_LEAF=1
+  [ "${AB_FORCED_LEAF:-1}" = 1 ] && GRID="$LG" ab_bench leaf $r KVPACK_LEAN_LEAF=1
 done
 stamp "leaf-only A/B"
 python3 bench/tools/ab_summary.py "$W" "$OUT/leaf_only.json" | tee "$W/ab_summary.txt"

@@ -45,14 +45,22 @@ static_assert(kLeafSteps * kLeanWarps == kChunkSteps && kLeafSteps == 4, "a chun
 // 16-byte copies per lane and step (fp8: 2 tokens x 32 channels or 16 channels x 4 tokens = 64 bytes per unit, K
 // and V; q4 / q3.5 / q3: the step's 4 units of B2 D bytes), and the q formats' extra shared memory (the 256 scales
 // tau(e); the query is prepared by lean_q_prep_kernel).
-template <int D, int B2>
+// LO (the leaf-only instance, bench/NOTES.md v50-v51): the most stages, up to the format's own, with which 4 CTAs fit
+// an SM's 228 KB (1 KB of it reserved per CTA): q3.5 at head_dim 128 then has 3 (43 KB per CTA, was 57 KB: 3 CTAs).
+// A leaf-mode warp computes 4 steps only, so its ring's depth matters less than the CTAs that hide each other's
+// latency. The stage count changes when copies are issued, never the arithmetic.
+template <int D, int B2, bool LO = false>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
   using Lanes = block::QLanes<kQ ? B2 : 8, D, false>;  // the q formats' layout (fp8: unused)
   static constexpr bool kWordMajor = kQ && Lanes::kWordMajor;  // q3, q3.5: units copied whole, read word-major
-  static constexpr int kStages = kWordMajor ? 4 : 3;
   static constexpr int kUnitBytes = kQ ? Lanes::kUnitBytes : 16 * D;  // one 16-token unit of K (or V)
   static constexpr int kStageBytes = 4 * kUnitBytes;        // per warp: a step's 2 units of K and of V
+  static constexpr int kFormatStages = kWordMajor ? 4 : 3;
+  static constexpr int kFourCtaStages =
+      (228 * 1024 / 4 - 1024 - (kQ ? 256 * 4 : 0)) / (kStageBytes * kLeanWarps);
+  static constexpr int kStages =
+      LO && kFourCtaStages >= 2 && kFourCtaStages < kFormatStages ? kFourCtaStages : kFormatStages;
   static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
   static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
   static constexpr size_t kSmem = kRingBytes + (kQ ? 256 * sizeof(float) : 0);
@@ -60,6 +68,9 @@ struct LeanGeo {
   static_assert(kWordMajor || kStageBytes % (32 * 16) == 0, "fp8, q4: a step is whole 16-byte copies of every lane");
   static_assert(size_t(kLeafVals) * 32 * 4 <= size_t(kStages) * kStageBytes, "a leaf fits a warp's ring");
 };
+static_assert(LeanGeo<128, 7, true>::kStages == 3 && LeanGeo<128, 7>::kStages == 4 &&
+                  LeanGeo<128, 8, true>::kStages == 3 && LeanGeo<128, 6, true>::kStages == 4,
+              "leaf-only stages at head_dim 128: q3.5 3 (4 CTAs per SM), q4 3, q3 4 (their own)");
 
 __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
   uint32_t y;
@@ -168,7 +179,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, LO ? 4 : B2 == 0 ? 1 : 3) lea
   if constexpr (B2 == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); the q formats on sm_80 too
 #endif
   constexpr bool kLaneQ = B2 != 0;  // q4, q3.5 or q3 (the lane layout)
-  using Geo = LeanGeo<D, B2>;
+  using Geo = LeanGeo<D, B2, LO>;
   using LK = block::QLanes<B2 ? B2 : 8, D, false>;
   using LV = block::QLanes<B2 ? B2 : 8, D, true>;
   constexpr int kKB = D / 16;  // k-blocks of the scores, m-tiles of P.V
@@ -1231,7 +1242,7 @@ inline int lean_prepare() {
 // it fits), its opt-in once; its resident CTAs per SM (0 when it cannot run here).
 template <int D, int B2>
 inline int lean_leaf_only_prepare() {
-  static const int ctas = lean_opt_in(lean_kernel<D, B2, true>, kLeanWarps * 32, LeanGeo<D, B2>::kSmem);
+  static const int ctas = lean_opt_in(lean_kernel<D, B2, true>, kLeanWarps * 32, LeanGeo<D, B2, true>::kSmem);
   return ctas;
 }
 
@@ -1339,7 +1350,8 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   if (only & 2) {
     if constexpr (B2 != 0)
       if (leaf_only)
-        lean_launch(lean_kernel<D, B2, true>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl, kp, splits, krows, mix);
+        lean_launch(lean_kernel<D, B2, true>, grid, kLeanWarps * 32, LeanGeo<D, B2, true>::kSmem, stream, pdl, kp,
+                    splits, krows, mix);
     if (!leaf_only)
       lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows,
                   mix);
