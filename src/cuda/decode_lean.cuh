@@ -170,8 +170,8 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // (sequence, kv head), so warp mode keeps the splits a multiple of 4.
 // LO (q formats; bench/NOTES.md v50): the leaf-only instance, for leaf mode's grids without the mixed part. The loop
 // then never folds or stores a chunk, so the chunk accumulator is not live in it: 108-128 registers instead of
-// 133-168 (sm_90a), so 4 CTAs per SM instead of 3 where the shared memory allows (q4, q3; q3.5's 4-stage ring, 57 KB
-// at head_dim 128, keeps 3). Same arithmetic in the same order: same bits.
+// 133-168 (sm_90a), so 4 CTAs per SM instead of 3 (q3.5 at head_dim 128 on a 3-stage ring for that: LeanGeo's LO).
+// Same arithmetic in the same order: same bits.
 template <int D, int B2, bool LO = false>
 __global__ void __launch_bounds__(kLeanWarps * 32, LO ? 4 : B2 == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
