@@ -2,7 +2,8 @@
 # SASS of the lean decode kernel without a GPU (bench/NOTES.md v41, v42): compile src/cuda/decode_lean.cu for sm_90a
 # here, disassemble it with nvdisasm from the PyPI wheel, and print for each lean_kernel instance its registers /
 # spills and the static size and instruction mix of its main loop (the innermost backward branch around the
-# cp.async wait, DEPBAR.LE): the per-32-token-step work of one warp.
+# cp.async wait, DEPBAR.LE): the per-32-token-step work of one warp. inst: LeanInst (0 general, 1 leaf-only, 2
+# warp-only).
 #   bash bench/tools/sass_lean.sh            (SRC_ROOT=another tree compares; NVCC_FLAGS adds options)
 set -eu
 root=${SRC_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -17,7 +18,7 @@ nvcc -std=c++20 --expt-relaxed-constexpr -O3 -I "$root/include" -I "$root/src" -
   -DKVPACK_HAVE_CUDA=1 ${NVCC_FLAGS:-} -gencode=arch=compute_90a,code=sm_90a -Xptxas=-v -cubin -o "$out/lean.cubin" \
   "$root/src/cuda/decode_lean.cu" > "$out/ptxas.log" 2>&1 || { cat "$out/ptxas.log"; exit 1; }
 grep -A3 "Compiling entry.*lean_kernel" "$out/ptxas.log" | grep -E "entry|registers|spill" |
-  sed -E 's/.*lean_kernelILi([0-9]+)ELi([0-9]+)E.*/lean_kernel<\1,\2>/; s/ptxas info *: //; s/^ +//' | paste - - - | cut -c1-160
+  sed -E 's/.*lean_kernelILi([0-9]+)ELi([0-9]+)ELNS0_8LeanInstE([0-9])E.*/lean_kernel<\1,\2,inst \3>/; s/ptxas info *: //; s/^ +//' | paste - - - | cut -c1-160
 "$tools/nvidia/cu13/bin/nvdisasm" -c "$out/lean.cubin" > "$out/lean.sass"
 python3 - "$out/lean.sass" <<'PY'
 import collections, re, sys
@@ -36,7 +37,7 @@ for ln in text:
     m = re.match(r'\s*/\*([0-9a-f]{4,})\*/\s+(.*?);', ln)
     if kern and m: ins[kern].append((int(m.group(1), 16), m.group(2).strip()))
 for k, L in ins.items():
-    name = re.sub(r'.*lean_kernelILi(\d+)ELi(\d+)E.*', r'lean_kernel<\1,\2>', k)
+    name = re.sub(r'.*lean_kernelILi(\d+)ELi(\d+)ELNS0_8LeanInstE(\d)E.*', r'lean_kernel<\1,\2,inst \3>', k)
     waits = [i for i, (_, t) in enumerate(L) if re.search(r'DEPBAR\.LE SB0, 0x[1-9]', t)]
     best = None
     for i, (a, t) in enumerate(L):

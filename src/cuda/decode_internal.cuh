@@ -22,14 +22,14 @@ void lean_force_merge_slices(int slices);
 // Tests: force the lean kernel's mixed grid (lean_mixed_chunks) with `mix` warp-mode chunks per (sequence, kv head)
 // (rounded down to a multiple of 4, at least 4; 0 = the launcher's rule) for later q-format launches.
 void lean_force_mix(int mix);
-// Tests: run leaf-mode grids on the general lean kernel instance (true) instead of the leaf-only one (false: the
-// launcher's rule) for later q-format launches.
+// Tests: run leaf-mode and warp-mode grids on the general lean kernel instance (true) instead of the leaf-only and
+// warp-only ones (false: the launcher's rule) for later q-format launches.
 void lean_force_general_instance(bool on);
 // What the lean launcher chose at this thread's last lean-path launch (q4 / q3.5 / q3; fp8 at one kv head), for kvpack bench's
 // rows: leaf mode (1) or warp mode (0); warps per (sequence, kv head) in warp mode; the mixed grid's warp-mode chunks
 // per (sequence, kv head) (0 = not mixed); the query preparation's CTAs per (sequence, kv head) (0 = none: fp8); the
-// merge's slices; the lean kernel instance's resident CTAs per SM (the leaf-only instance: 4 where it fits);
-// `launches` counts this thread's lean launches. All zero before any lean launch.
+// merge's slices; the lean kernel instance's resident CTAs per SM (the leaf-only and warp-only instances: 4 where
+// they fit); `launches` counts this thread's lean launches. All zero before any lean launch.
 struct LeanLaunchInfo {
   int leaf = 0, splits = 0, mix = 0, prep_ctas = 0, merge_slices = 0, ctas_per_sm = 0;
   unsigned long long launches = 0;

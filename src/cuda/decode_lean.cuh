@@ -45,11 +45,21 @@ static_assert(kLeafSteps * kLeanWarps == kChunkSteps && kLeafSteps == 4, "a chun
 // 16-byte copies per lane and step (fp8: 2 tokens x 32 channels or 16 channels x 4 tokens = 64 bytes per unit, K
 // and V; q4 / q3.5 / q3: the step's 4 units of B2 D bytes), and the q formats' extra shared memory (the 256 scales
 // tau(e); the query is prepared by lean_q_prep_kernel).
-// LO (the leaf-only instance, bench/NOTES.md v50-v51): the most stages, up to the format's own, with which 4 CTAs fit
-// an SM's 228 KB (1 KB of it reserved per CTA): q3.5 at head_dim 128 then has 3 (43 KB per CTA, was 57 KB: 3 CTAs).
-// A leaf-mode warp computes 4 steps only, so its ring's depth matters less than the CTAs that hide each other's
-// latency. The stage count changes when copies are issued, never the arithmetic.
-template <int D, int B2, bool LO = false>
+// Instances of the lean kernel (q formats; fp8 has the general one only):
+// - kGeneral: leaf mode, warp mode and the mixed grid, the chunk accumulator in registers (168 registers at head_dim
+//   128, 3 CTAs per SM).
+// - kLeafOnly (bench/NOTES.md v50-v51): leaf mode's grids without the mixed part. The loop never folds or stores a
+//   chunk, so the chunk accumulator is not live there. The ring takes the most stages, up to the format's own, with
+//   which 4 CTAs fit an SM's 228 KB (1 KB of it reserved per CTA): q3.5 at head_dim 128 then has 3 (43 KB per CTA, was
+//   57 KB: 3 CTAs). A leaf-mode warp computes 4 steps only, so its ring's depth matters less than the CTAs that hide
+//   each other's latency.
+// - kWarpOnly (v52): warp mode's grids without the mixed part. The chunk accumulator (O, m, l, L_tau per lane) lives
+//   in shared memory, read and written once per 128-token leaf, so the loop carries only the leaf's registers and 4
+//   CTAs fit an SM; the ring is cut to the stages that leave room for that (q4, q3.5, q3 at head_dim 128: 2).
+// The stage count changes when copies are issued, and the accumulator's home is a register or a shared-memory word:
+// never the arithmetic, so every instance gives the same bits.
+enum class LeanInst : int { kGeneral, kLeafOnly, kWarpOnly };
+template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
   using Lanes = block::QLanes<kQ ? B2 : 8, D, false>;  // the q formats' layout (fp8: unused)
@@ -57,20 +67,31 @@ struct LeanGeo {
   static constexpr int kUnitBytes = kQ ? Lanes::kUnitBytes : 16 * D;  // one 16-token unit of K (or V)
   static constexpr int kStageBytes = 4 * kUnitBytes;        // per warp: a step's 2 units of K and of V
   static constexpr int kFormatStages = kWordMajor ? 4 : 3;
-  static constexpr int kFourCtaStages =
-      (228 * 1024 / 4 - 1024 - (kQ ? 256 * 4 : 0)) / (kStageBytes * kLeanWarps);
-  static constexpr int kStages =
-      LO && kFourCtaStages >= 2 && kFourCtaStages < kFormatStages ? kFourCtaStages : kFormatStages;
-  static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
   static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
-  static constexpr size_t kSmem = kRingBytes + (kQ ? 256 * sizeof(float) : 0);
+  // kWarpOnly: a warp's chunk accumulator, float4 per lane: [D / 16][lane] O, then [lane] (m0, m1, l0, l1) and
+  // [lane] (L_tau0, L_tau1, -, -).
+  static constexpr int kAccVec = D / 16 + 2;
+  static constexpr size_t kAccBytes = I == LeanInst::kWarpOnly ? size_t(kAccVec) * 32 * 16 : 0;
+  static constexpr size_t kTauBytes = kQ ? 256 * sizeof(float) : 0;
+  static constexpr int kFourCtaStages =
+      static_cast<int>((228 * 1024 / 4 - 1024 - kTauBytes - kLeanWarps * kAccBytes) / (kStageBytes * kLeanWarps));
+  static constexpr int kStages = I != LeanInst::kGeneral && kFourCtaStages >= 2 && kFourCtaStages < kFormatStages
+                                     ? kFourCtaStages
+                                     : kFormatStages;
+  static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
+  static constexpr size_t kAccOffset = kRingBytes + kTauBytes;  // 16-byte aligned: stages are whole 16-byte copies
+  static constexpr size_t kSmem = kAccOffset + kLeanWarps * kAccBytes;
   static_assert(kUnitBytes % 16 == 0, "a unit is whole 16-byte copies");
   static_assert(kWordMajor || kStageBytes % (32 * 16) == 0, "fp8, q4: a step is whole 16-byte copies of every lane");
   static_assert(size_t(kLeafVals) * 32 * 4 <= size_t(kStages) * kStageBytes, "a leaf fits a warp's ring");
 };
-static_assert(LeanGeo<128, 7, true>::kStages == 3 && LeanGeo<128, 7>::kStages == 4 &&
-                  LeanGeo<128, 8, true>::kStages == 3 && LeanGeo<128, 6, true>::kStages == 4,
+static_assert(LeanGeo<128, 7, LeanInst::kLeafOnly>::kStages == 3 && LeanGeo<128, 7>::kStages == 4 &&
+                  LeanGeo<128, 8, LeanInst::kLeafOnly>::kStages == 3 && LeanGeo<128, 6, LeanInst::kLeafOnly>::kStages == 4,
               "leaf-only stages at head_dim 128: q3.5 3 (4 CTAs per SM), q4 3, q3 4 (their own)");
+static_assert(LeanGeo<128, 8, LeanInst::kWarpOnly>::kStages == 2 && LeanGeo<128, 7, LeanInst::kWarpOnly>::kStages == 2 &&
+                  LeanGeo<128, 6, LeanInst::kWarpOnly>::kStages == 2 &&
+                  LeanGeo<128, 8, LeanInst::kWarpOnly>::kSmem + 1024 <= 228 * 1024 / 4,
+              "warp-only at head_dim 128: a 2-stage ring and the accumulators, 4 CTAs per SM");
 
 __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
   uint32_t y;
@@ -80,6 +101,13 @@ __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
 __device__ __forceinline__ uint32_t lean_e4m3x2(uint32_t two) {
   const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
   return uint32_t(hr.x) | (uint32_t(hr.y) << 16);
+}
+// The warp-only instance's accumulator rows (volatile: kept in program order, so at most a row is in registers).
+__device__ __forceinline__ void lean_lds4(uint32_t a, float (&v)[4]) {
+  asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(a));
+}
+__device__ __forceinline__ void lean_sts4(uint32_t a, float x, float y, float z, float w) {
+  asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w));
 }
 __device__ __forceinline__ float lean_ex2(float x) {  // ex2.approx: -inf -> 0
   float y;
@@ -168,18 +196,20 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // sequence's sink count are masked (the merge adds them exactly). The query is prepared once per (sequence, kv head)
 // by lean_q_prep_kernel, before this kernel (PDL: this kernel's first copies overlap it); a CTA's 4 warps share one
 // (sequence, kv head), so warp mode keeps the splits a multiple of 4.
-// LO (q formats; bench/NOTES.md v50): the leaf-only instance, for leaf mode's grids without the mixed part. The loop
-// then never folds or stores a chunk, so the chunk accumulator is not live in it: 108-128 registers instead of
-// 133-168 (sm_90a), so 4 CTAs per SM instead of 3 (q3.5 at head_dim 128 on a 3-stage ring for that: LeanGeo's LO).
-// Same arithmetic in the same order: same bits.
-template <int D, int B2, bool LO = false>
-__global__ void __launch_bounds__(kLeanWarps * 32, LO ? 4 : B2 == 0 ? 1 : 3) lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
+// I (q formats; LeanInst, bench/NOTES.md v50-v52): kLeafOnly for leaf mode's grids without the mixed part (the loop
+// never folds or stores a chunk, so the chunk accumulator is not live in it), kWarpOnly for warp mode's (the chunk
+// accumulator in shared memory): 108-128 registers instead of 133-168 (sm_90a), so 4 CTAs per SM instead of 3 (the
+// ring's stages cut where 4 would not fit: LeanGeo). Same arithmetic in the same order: same bits.
+template <int D, int B2, LeanInst I = LeanInst::kGeneral>
+__global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 : B2 == 0 ? 1 : 3)
+    lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
   if constexpr (B2 == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); the q formats on sm_80 too
 #endif
   constexpr bool kLaneQ = B2 != 0;  // q4, q3.5 or q3 (the lane layout)
-  using Geo = LeanGeo<D, B2, LO>;
+  constexpr bool LO = I == LeanInst::kLeafOnly, kWO = I == LeanInst::kWarpOnly;
+  using Geo = LeanGeo<D, B2, I>;
   using LK = block::QLanes<B2 ? B2 : 8, D, false>;
   using LV = block::QLanes<B2 ? B2 : 8, D, true>;
   constexpr int kKB = D / 16;  // k-blocks of the scores, m-tiles of P.V
@@ -192,14 +222,14 @@ __global__ void __launch_bounds__(kLeanWarps * 32, LO ? 4 : B2 == 0 ? 1 : 3) lea
   KVPACK_STAMP(stamps[0]);
   // Grid (ceil(H * splits / kLeanWarps), batch), or the mixed grid's (below): it depends on the plan only, never on
   // the lengths.
-  bool leaf_mode = LO || splits == 0;
+  bool leaf_mode = LO || (!kWO && splits == 0);
 #if __CUDA_ARCH__ >= 900
   // The merge kernel (launched with PDL) may be scheduled once every CTA of this grid has started; it waits for this
   // grid's completion (griddepcontrol.wait) before reading a partial.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   int b = blockIdx.y, h, split, cstride;  // cstride: the warp's next chunk is split + cstride
-  if (kLaneQ && !LO && mix > 0) {
+  if (kLaneQ && I == LeanInst::kGeneral && mix > 0) {
     // Mixed grid (q formats, lean_mixed_chunks; grid (batch (H mix / 4 + H (max_chunks - mix)), 1)): every sequence's
     // warp-mode CTAs first (warp -> (kv head, chunk < mix), one chunk each), then every sequence's leaf-mode CTAs (CTA
     // -> (kv head, chunk >= mix)), so the short leaf CTAs run last. mix % 4 == 0: a CTA's warps share a kv head.
@@ -426,24 +456,61 @@ __global__ void __launch_bounds__(kLeanWarps * 32, LO ? 4 : B2 == 0 ? 1 : 3) lea
     l0 = l1 = 0.f;
     t0s = t1s = 0.f;
   };
+  // kWarpOnly: the chunk accumulator's home is this warp's shared-memory rows (LeanGeo::kAccBytes; row i < kKB: O's
+  // k-block i, then (m0, m1, l0, l1), (L_tau0, L_tau1, -, -)), read and written a row at a time by volatile shared
+  // accesses, so that at most a row of it is in registers (a fold, a chunk's store); the general instance keeps it
+  // in co, cm, cl, ct.
+  const uint32_t acc_s =
+      kWO ? static_cast<uint32_t>(__cvta_generic_to_shared(smem + Geo::kAccOffset)) + (warp * Geo::kAccVec * 32 + lane) * 16
+          : 0u;
+  constexpr uint32_t kAccRow = 32 * 16;
+  auto acc_scalars_load = [&] {
+    if constexpr (kWO) {
+      float a[4], t[4];
+      lean_lds4(acc_s + kKB * kAccRow, a);
+      lean_lds4(acc_s + (kKB + 1) * kAccRow, t);
+      cm0 = a[0], cm1 = a[1], cl0 = a[2], cl1 = a[3];
+      ct0 = t[0], ct1 = t[1];
+    }
+  };
+  auto acc_scalars_save = [&] {
+    if constexpr (kWO) {
+      lean_sts4(acc_s + kKB * kAccRow, cm0, cm1, cl0, cl1);
+      lean_sts4(acc_s + (kKB + 1) * kAccRow, ct0, ct1, 0.f, 0.f);
+    }
+  };
+  // Row i of O's accumulator into c (kWarpOnly: from shared memory).
+  auto acc_row = [&](int i, float (&c)[4]) {
+    if constexpr (kWO) lean_lds4(acc_s + i * kAccRow, c);
+    else c[0] = co[i][0], c[1] = co[i][1], c[2] = co[i][2], c[3] = co[i][3];
+  };
+  auto acc_row_set = [&](int i, const float (&c)[4]) {
+    if constexpr (kWO) lean_sts4(acc_s + i * kAccRow, c[0], c[1], c[2], c[3]);
+    else co[i][0] = c[0], co[i][1] = c[1], co[i][2] = c[2], co[i][3] = c[3];
+  };
   auto reset_chunk = [&] {
 #pragma unroll
-    for (int i = 0; i < kKB; ++i) co[i][0] = co[i][1] = co[i][2] = co[i][3] = 0.f;
+    for (int i = 0; i < kKB; ++i) acc_row_set(i, {0.f, 0.f, 0.f, 0.f});
     cm0 = cm1 = -INFINITY;
     cl0 = cl1 = 0.f;
     ct0 = ct1 = 0.f;
+    acc_scalars_save();
   };
   // acc = merge(acc, leaf); fixed arithmetic (explicit fmaf / mul).
   auto fold_leaf = [&] {
+    acc_scalars_load();
     const float n0 = fmaxf(cm0, m0), n1 = fmaxf(cm1, m1);
     const float r0 = n0 == -INFINITY ? 0.f : n0, r1 = n1 == -INFINITY ? 0.f : n1;
     const float a0 = lean_ex2(cm0 - r0), a1 = lean_ex2(cm1 - r1), e0 = lean_ex2(m0 - r0), e1 = lean_ex2(m1 - r1);
 #pragma unroll
     for (int i = 0; i < kKB; ++i) {
-      co[i][0] = fmaf(co[i][0], a0, __fmul_rn(o[i][0], e0));
-      co[i][1] = fmaf(co[i][1], a1, __fmul_rn(o[i][1], e1));
-      co[i][2] = fmaf(co[i][2], a0, __fmul_rn(o[i][2], e0));
-      co[i][3] = fmaf(co[i][3], a1, __fmul_rn(o[i][3], e1));
+      float c[4];
+      acc_row(i, c);
+      c[0] = fmaf(c[0], a0, __fmul_rn(o[i][0], e0));
+      c[1] = fmaf(c[1], a1, __fmul_rn(o[i][1], e1));
+      c[2] = fmaf(c[2], a0, __fmul_rn(o[i][2], e0));
+      c[3] = fmaf(c[3], a1, __fmul_rn(o[i][3], e1));
+      acc_row_set(i, c);
     }
     cl0 = fmaf(cl0, a0, __fmul_rn(l0, e0));
     cl1 = fmaf(cl1, a1, __fmul_rn(l1, e1));
@@ -453,10 +520,12 @@ __global__ void __launch_bounds__(kLeanWarps * 32, LO ? 4 : B2 == 0 ? 1 : 3) lea
     }
     cm0 = n0;
     cm1 = n1;
+    acc_scalars_save();
   };
   const int64_t ws_base = (int64_t{b} * H + h) * p.max_chunks;
   // The chunk's partial: l summed over the 8 row lanes (fixed xor order), then (m, l) and the accumulators.
   auto store_chunk = [&](int64_t c) {
+    acc_scalars_load();
 #pragma unroll
     for (int x = 4; x < 32; x <<= 1) {
       cl0 += __shfl_xor_sync(0xffffffffu, cl0, x);
@@ -477,16 +546,19 @@ __global__ void __launch_bounds__(kLeanWarps * 32, LO ? 4 : B2 == 0 ? 1 : 3) lea
     if constexpr (kLaneQ) {
       // Accumulator (group i = 2 mb (+1), member g) -> sum_t p_t tau_t (k - o): x 2^(24 - pos'_i) - o_i L_tau.
 #pragma unroll
-      for (int mb = 0; mb < kKB; ++mb)
+      for (int mb = 0; mb < kKB; ++mb) {
+        float cr[4];
+        acc_row(mb, cr);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int gi = 2 * mb + e;
           const float up = ldexpf(1.f, 24 - LV::group(gi).pos + (LV::shifted(gi) ? 6 : 0));
           const float off = 0.5f * static_cast<float>((1 << LV::bits(gi)) - 1);
           const int ch = 8 * gi + g;
-          if (h0 < p.group) __stcg(acc + h0 * D + ch, fmaf(co[mb][2 * e], up, -off * ct0));
-          if (h1 < p.group) __stcg(acc + h1 * D + ch, fmaf(co[mb][2 * e + 1], up, -off * ct1));
+          if (h0 < p.group) __stcg(acc + h0 * D + ch, fmaf(cr[2 * e], up, -off * ct0));
+          if (h1 < p.group) __stcg(acc + h1 * D + ch, fmaf(cr[2 * e + 1], up, -off * ct1));
         }
+      }
     } else {
 #pragma unroll
       for (int mb = 0; mb < 8; ++mb) {
@@ -1242,7 +1314,15 @@ inline int lean_prepare() {
 // it fits), its opt-in once; its resident CTAs per SM (0 when it cannot run here).
 template <int D, int B2>
 inline int lean_leaf_only_prepare() {
-  static const int ctas = lean_opt_in(lean_kernel<D, B2, true>, kLeanWarps * 32, LeanGeo<D, B2, true>::kSmem);
+  static const int ctas = lean_opt_in(lean_kernel<D, B2, LeanInst::kLeafOnly>, kLeanWarps * 32,
+                                      LeanGeo<D, B2, LeanInst::kLeafOnly>::kSmem);
+  return ctas;
+}
+// The q formats' warp-only instance (the chunk accumulator in shared memory; v52), likewise.
+template <int D, int B2>
+inline int lean_warp_only_prepare() {
+  static const int ctas = lean_opt_in(lean_kernel<D, B2, LeanInst::kWarpOnly>, kLeanWarps * 32,
+                                      LeanGeo<D, B2, LeanInst::kWarpOnly>::kSmem);
   return ctas;
 }
 
@@ -1340,21 +1420,28 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
         lean_launch(lean_q_prep_kernel<D, B2, 1>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32,
                     lean_q_prep_smem<D, B2, 1>(), stream, false, kp);
     }
-  // Leaf mode's grid without the mixed part (q formats) runs on the leaf-only instance: same arithmetic, same bits,
-  // fewer registers, more CTAs per SM. KVPACK_LEAN_LEAF_ONLY=0 keeps the general instance (measurement).
+  // Leaf mode's grid without the mixed part (q formats) runs on the leaf-only instance, warp mode's on the warp-only
+  // one where that has more CTAs per SM than the general instance: same arithmetic, same bits, fewer registers, more
+  // CTAs per SM. KVPACK_LEAN_LEAF_ONLY=0 / KVPACK_LEAN_WARP_ONLY=0 keep the general instance (measurement).
   static const int leaf_only_env = lean_env_int("KVPACK_LEAN_LEAF_ONLY", 1);
-  bool leaf_only = false;
+  static const int warp_only_env = lean_env_int("KVPACK_LEAN_WARP_ONLY", 1);
+  LeanInst inst = LeanInst::kGeneral;
   if constexpr (B2 != 0)
-    leaf_only = leaf && mix == 0 && leaf_only_env != 0 && !g_force_general.load(std::memory_order_relaxed) &&
-                lean_leaf_only_prepare<D, B2>() > 0;
+    if (mix == 0 && !g_force_general.load(std::memory_order_relaxed)) {
+      if (leaf && leaf_only_env != 0 && lean_leaf_only_prepare<D, B2>() > 0) inst = LeanInst::kLeafOnly;
+      if (!leaf && warp_only_env != 0 && lean_warp_only_prepare<D, B2>() > lean_prepare<D, B2>())
+        inst = LeanInst::kWarpOnly;
+    }
   if (only & 2) {
-    if constexpr (B2 != 0)
-      if (leaf_only)
-        lean_launch(lean_kernel<D, B2, true>, grid, kLeanWarps * 32, LeanGeo<D, B2, true>::kSmem, stream, pdl, kp,
-                    splits, krows, mix);
-    if (!leaf_only)
-      lean_launch(lean_kernel<D, B2>, grid, kLeanWarps * 32, Geo::kSmem, stream, pdl && B2 != 0, kp, splits, krows,
-                  mix);
+    auto go = [&]<LeanInst J>() {
+      lean_launch(lean_kernel<D, B2, J>, grid, kLeanWarps * 32, LeanGeo<D, B2, J>::kSmem, stream, pdl && B2 != 0, kp,
+                  splits, krows, mix);
+    };
+    if constexpr (B2 != 0) {
+      if (inst == LeanInst::kLeafOnly) go.template operator()<LeanInst::kLeafOnly>();
+      if (inst == LeanInst::kWarpOnly) go.template operator()<LeanInst::kWarpOnly>();
+    }
+    if (inst == LeanInst::kGeneral) go.template operator()<LeanInst::kGeneral>();
   }
   // Merge slices: as many fold groups per round as the sequence has (up to 16: one round at 128k) while the merge grid
   // still fits one wave at that CTA size's occupancy (v40: a second wave of large merge CTAs cost more than the
@@ -1369,8 +1456,10 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                                        merge_occ, forced ? forced : slices_env);
   if (only & 4) launch_lean_merge<D, B2>(slices, dim3(kp.num_kv_heads, batch, kp.group), stream, pdl, kp);
   int occ = lean_prepare<D, B2>();
-  if constexpr (B2 != 0)
-    if (leaf_only) occ = lean_leaf_only_prepare<D, B2>();
+  if constexpr (B2 != 0) {
+    if (inst == LeanInst::kLeafOnly) occ = lean_leaf_only_prepare<D, B2>();
+    if (inst == LeanInst::kWarpOnly) occ = lean_warp_only_prepare<D, B2>();
+  }
   g_last_lean = LeanLaunchInfo{leaf ? 1 : 0, splits, mix, B2 == 0 ? 0 : four ? 4 : 1, slices, occ,
                                g_last_lean.launches + 1};
 }

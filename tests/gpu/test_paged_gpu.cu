@@ -416,23 +416,26 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
         ASSERT_EQ(r.out, base.out) << "max_context 2^20";
         ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
       }
-      // The lean kernel's mode chosen by the plan (DecodePlan::leaf): leaf and warp mode, same bits; leaf mode also on
-      // the general kernel instance instead of the leaf-only one (q formats, decode_lean.cuh).
+      // The lean kernel's mode chosen by the plan (DecodePlan::leaf): leaf and warp mode, same bits; each mode also on
+      // the general kernel instance instead of its own (q formats: leaf-only, warp-only; decode_lean.cuh).
       if (std::string(decode_kernel_name(f)) == "lean") {
-        int occ[3] = {};
-        for (int leaf : {0, 1, 2}) {
-          lean_force_general_instance(leaf == 2);
-          AttnResult r = run_attention(pb, db, q, qo, leaf == 0, 8, 3, 0, true, leaf ? 1 : 0);
-          lean_force_general_instance(false);
-          ASSERT_EQ(r.out, base.out) << "leaf " << leaf;
-          ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
-          const LeanLaunchInfo li = lean_last_launch();
-          EXPECT_EQ(li.leaf, leaf ? 1 : 0);
-          occ[leaf] = li.ctas_per_sm;
-        }
-        // At least as many CTAs per SM (H100: 4 against 3 for q4 and q3; q3.5's 57 KB ring keeps it at 3).
-        EXPECT_GE(occ[1], occ[2]) << "the leaf-only instance's CTAs per SM";
-        EXPECT_GT(occ[1], 0);
+        int occ[2][2] = {};  // [leaf][general]
+        for (int leaf : {0, 1})
+          for (int general : {0, 1}) {
+            lean_force_general_instance(general == 1);
+            AttnResult r = run_attention(pb, db, q, qo, leaf == 0, 8, 3, 0, true, leaf);
+            lean_force_general_instance(false);
+            ASSERT_EQ(r.out, base.out) << "leaf " << leaf << " general " << general;
+            ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
+            const LeanLaunchInfo li = lean_last_launch();
+            EXPECT_EQ(li.leaf, leaf);
+            occ[leaf][general] = li.ctas_per_sm;
+          }
+        // At least as many CTAs per SM (H100, head_dim 128: 4 against 3 for the q formats' own instances).
+        EXPECT_GE(occ[1][0], occ[1][1]) << "the leaf-only instance's CTAs per SM";
+        EXPECT_GE(occ[0][0], occ[0][1]) << "the warp-only instance's CTAs per SM";
+        EXPECT_GT(occ[1][0], 0);
+        EXPECT_GT(occ[0][0], 0);
       }
       // The fallback plan and repeated runs.
       for (int rep = 0; rep < 3; ++rep) {
