@@ -1396,6 +1396,18 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                               int64_t{device_sm_count()} * lean_prepare<D, B2>() * kLeanWarps);
     if (force > 0 && mix == 0) mix = kLeanWarps;
   }
+  // The warp-only instance (v52; same bits as the general one): the default for q3 at head_dim 128, the one
+  // measured faster (1.03-1.08x at 32q/8kv batch 8-64, up to 1.08x at 8q/1kv; q4 0.96-1.00x on its 2-stage ring, q3.5
+  // 0.98-1.02x), and there without the mixed grid, whose rule counts the general instance's 3 CTAs per SM (pure warp
+  // mode on 4 CTAs per SM measured 1.04-1.08x over it in those cells). KVPACK_LEAN_WARP_ONLY=0 keeps the general
+  // instance, = 1 takes the warp-only one for every q format (measurement).
+  static const int warp_only_env = lean_env_int("KVPACK_LEAN_WARP_ONLY", -1);
+  bool warp_only = false;
+  if constexpr (B2 != 0)
+    warp_only = !leaf && (warp_only_env >= 0 ? warp_only_env != 0 : B2 == 6 && D == 128) &&
+                !g_force_general.load(std::memory_order_relaxed) &&
+                lean_warp_only_prepare<D, B2>() > lean_prepare<D, B2>();
+  if (warp_only && mix_forced <= 0 && mix_env < 0) mix = 0;
   if (mix > 0)
     grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
@@ -1421,16 +1433,14 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                     lean_q_prep_smem<D, B2, 1>(), stream, false, kp);
     }
   // Leaf mode's grid without the mixed part (q formats) runs on the leaf-only instance, warp mode's on the warp-only
-  // one where that has more CTAs per SM than the general instance: same arithmetic, same bits, fewer registers, more
-  // CTAs per SM. KVPACK_LEAN_LEAF_ONLY=0 / KVPACK_LEAN_WARP_ONLY=0 keep the general instance (measurement).
+  // one where chosen above: same arithmetic, same bits, fewer registers, more CTAs per SM. KVPACK_LEAN_LEAF_ONLY=0
+  // keeps the general instance for leaf mode (measurement).
   static const int leaf_only_env = lean_env_int("KVPACK_LEAN_LEAF_ONLY", 1);
-  static const int warp_only_env = lean_env_int("KVPACK_LEAN_WARP_ONLY", 1);
   LeanInst inst = LeanInst::kGeneral;
   if constexpr (B2 != 0)
     if (mix == 0 && !g_force_general.load(std::memory_order_relaxed)) {
       if (leaf && leaf_only_env != 0 && lean_leaf_only_prepare<D, B2>() > 0) inst = LeanInst::kLeafOnly;
-      if (!leaf && warp_only_env != 0 && lean_warp_only_prepare<D, B2>() > lean_prepare<D, B2>())
-        inst = LeanInst::kWarpOnly;
+      if (warp_only) inst = LeanInst::kWarpOnly;
     }
   if (only & 2) {
     auto go = [&]<LeanInst J>() {
