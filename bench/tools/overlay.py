@@ -8,8 +8,9 @@ from ("overlay": "FILE VARIANT", its own run_id: every `kvpack bench` process of
 kvpack row's speedup_vs_fp8 is recomputed from the resulting fp8 rows. Rows of another GPU are refused; that the files
 come from one device call (one machine, as ratios must) is the caller's to know: the device scripts name them so.
 
-  python3 bench/tools/overlay.py GRID.json OUT.json --ab AB.json VARIANT [QO/KV/D,...] [--ab ...]
-(the optional third value: only those shapes' rows of that file, e.g. 8/1/128)
+  python3 bench/tools/overlay.py GRID.json OUT.json --ab AB.json VARIANT [FILTER ...] [--ab ...]
+(optional filters: QO/KV/D,... only those shapes' rows of that file, e.g. 8/1/128; format=F,... only those formats'
+rows, e.g. format=q3)
 """
 import argparse
 import json
@@ -31,15 +32,22 @@ def main():
     index = {key(r): i for i, r in enumerate(rows)
              if r.get("kind", "decode") == "decode" and r.get("impl", "kvpack") == "kvpack"}
     for ab in a.ab:
-        if len(ab) not in (2, 3):
-            raise SystemExit(f"--ab {' '.join(ab)}: expected FILE VARIANT [SHAPES]")
+        if len(ab) < 2:
+            raise SystemExit(f"--ab {' '.join(ab)}: expected FILE VARIANT [SHAPES] [format=F,...]")
         path, variant = ab[:2]
-        shapes = None if len(ab) == 2 else {tuple(int(x) for x in s.split("/")) for s in ab[2].split(",")}
+        shapes = formats = None
+        for f in ab[2:]:
+            if f.startswith("format="):
+                formats = set(f[len("format="):].split(","))
+            else:
+                shapes = {tuple(int(x) for x in s.split("/")) for s in f.split(",")}
         best = {}
         for r in json.load(open(path)):
             if r.get("variant") != variant or r.get("kind", "decode") != "decode":
                 continue
             if shapes is not None and (r["num_qo_heads"], r["num_kv_heads"], r["head_dim"]) not in shapes:
+                continue
+            if formats is not None and r["format"] not in formats:
                 continue
             if r["gpu"] not in gpu:
                 raise SystemExit(f"{path}: GPU {r['gpu']} is not the grid's {sorted(gpu)}")
