@@ -93,3 +93,35 @@ gpu_tests() {
   stamp "$name rc=$?"
   grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/$name.log" | head -40
 }
+# report: $OUT/log.txt from what the v50-style scripts have run so far (env, registers, the first tests,
+# the A/B's summary, the grid with FlashInfer, the other tests, the sanitizers), rewritten after each step so that a
+# call cut short still returns it. AB_TITLE names the A/B section.
+report() {
+  { cat "$OUT/env.log"; echo "== build"; grep -E "registers|spill|error" "$OUT/build.log" 2>/dev/null | head -80;
+    echo "== tests (first)"; grep -vE "^/.*Failure$" "$W/tests_first.log" 2>/dev/null | tail -60;
+    echo "== ${AB_TITLE:-A/B}"; cat "$W/ab_summary.txt" 2>/dev/null;
+    echo "== bench + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null;
+    grep -vE " write" "$W/fi/bench.log" 2>/dev/null | tail -40; tail -30 "$W/fi/flashinfer.log" 2>/dev/null;
+    echo "== tests"; grep -vE "^/.*Failure$" "$W/tests.log" 2>/dev/null | tail -120;
+    echo "== sanitizers"; tail -30 "$W/sanitizer.log" 2>/dev/null; } > "$OUT/log.txt"
+}
+# ab_done NAME: the A/B's rows into $OUT/NAME.json and its summary into $W/ab_summary.txt (printed), then report.
+ab_done() {
+  stamp "$AB_TITLE"
+  python3 bench/tools/ab_summary.py "$W" "$OUT/$1.json" | tee "$W/ab_summary.txt"
+  report
+}
+# finish_call: what the v50-style scripts run after their A/B, each while enough of LIMIT_S is left: the full grid
+# with FlashInfer, the GPU tests not in $FIRST, memcheck and racecheck of the small tests; report after each.
+finish_call() {
+  local l
+  [ "$(left)" -gt 180 ] && fi_grid
+  report
+  l=$(left)
+  [ "$l" -gt 100 ] && gpu_tests tests $((l - 60)) "-$FIRST"
+  report
+  l=$(left)
+  [ "$l" -gt 40 ] && sanitize_small $T $l 'DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*:PagedWriteGpu.OutOfRange*'
+  report
+  rm -f "$OUT/build.log"
+}

@@ -12,16 +12,7 @@
 #   FIRST_TESTS='DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanMixed*:DecodeGpu.LeanMergeSlice*:DecodeGpu.RandomShapes*' \
 #   LIMIT_S=540 bash bench/tools/v50_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v50_out /tmp/v50_work 540
-# report: $OUT/log.txt from what has run so far (rewritten after each step, so a call cut short still returns it).
-report() {
-  { cat "$OUT/env.log"; echo "== build"; grep -E "registers|spill|error" "$OUT/build.log" 2>/dev/null | head -80;
-    echo "== tests (first)"; grep -vE "^/.*Failure$" "$W/tests_first.log" 2>/dev/null | tail -60;
-    echo "== leaf-only A/B"; cat "$W/ab_summary.txt" 2>/dev/null;
-    echo "== bench + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null;
-    grep -vE " write" "$W/fi/bench.log" 2>/dev/null | tail -40; tail -30 "$W/fi/flashinfer.log" 2>/dev/null;
-    echo "== tests"; grep -vE "^/.*Failure$" "$W/tests.log" 2>/dev/null | tail -120;
-    echo "== sanitizers"; tail -30 "$W/sanitizer.log" 2>/dev/null; } > "$OUT/log.txt"
-}
+AB_TITLE="leaf-only A/B"
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 lean_registers
 T=./build-device/kvpack_gpu_tests
@@ -38,15 +29,5 @@ for r in 1 2; do
   GRID="$LG" ab_bench new $r
   [ "${AB_FORCED_LEAF:-1}" = 1 ] && GRID="$LG" ab_bench leaf $r KVPACK_LEAN_LEAF=1
 done
-stamp "leaf-only A/B"
-python3 bench/tools/ab_summary.py "$W" "$OUT/leaf_only.json" | tee "$W/ab_summary.txt"
-report
-[ "$(left)" -gt 180 ] && fi_grid
-report
-l=$(left)
-[ "$l" -gt 100 ] && gpu_tests tests $((l - 60)) "-$FIRST"
-report
-l=$(left)
-[ "$l" -gt 40 ] && sanitize_small $T $l 'DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*:PagedWriteGpu.OutOfRange*'
-report
-rm -f "$OUT/build.log"
+ab_done leaf_only
+finish_call

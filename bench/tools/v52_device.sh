@@ -9,15 +9,7 @@
 # log.txt (rewritten after each step, so a call cut short still returns what ran).
 #   LIMIT_S=540 bash bench/tools/v52_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v52_out /tmp/v52_work 540
-report() {
-  { cat "$OUT/env.log"; echo "== build"; grep -E "registers|spill|error" "$OUT/build.log" 2>/dev/null | head -80;
-    echo "== tests (first)"; grep -vE "^/.*Failure$" "$W/tests_first.log" 2>/dev/null | tail -60;
-    echo "== warp-only A/B"; cat "$W/ab_summary.txt" 2>/dev/null;
-    echo "== bench + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null;
-    grep -vE " write" "$W/fi/bench.log" 2>/dev/null | tail -40; tail -30 "$W/fi/flashinfer.log" 2>/dev/null;
-    echo "== tests"; grep -vE "^/.*Failure$" "$W/tests.log" 2>/dev/null | tail -120;
-    echo "== sanitizers"; tail -30 "$W/sanitizer.log" 2>/dev/null; } > "$OUT/log.txt"
-}
+AB_TITLE="warp-only A/B"
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 lean_registers
 T=./build-device/kvpack_gpu_tests
@@ -26,20 +18,10 @@ gpu_tests tests_first 0 "$FIRST"
 report
 LG=${AB_GRID:-"--formats q4,q3.5,q3 --shapes 8/1/128,32/8/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072"}
 for r in 1 2; do
-  [ "$(left)" -gt 200 ] || break
+  [ "$(left)" -gt 60 ] || break  # (the first call of v52 had 200 here: its tests left too little, see NOTES)
   GRID="$LG" ab_bench base $r KVPACK_LEAN_WARP_ONLY=0
   GRID="$LG" ab_bench new $r
   GRID="$LG" ab_bench nomix $r KVPACK_LEAN_MIX=0
 done
-stamp "warp-only A/B"
-python3 bench/tools/ab_summary.py "$W" "$OUT/warp_only.json" | tee "$W/ab_summary.txt"
-report
-[ "$(left)" -gt 180 ] && fi_grid
-report
-l=$(left)
-[ "$l" -gt 100 ] && gpu_tests tests $((l - 60)) "-$FIRST"
-report
-l=$(left)
-[ "$l" -gt 40 ] && sanitize_small $T $l 'DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*:DecodeGpu.BadArguments*:PagedWriteGpu.OutOfRange*'
-report
-rm -f "$OUT/build.log"
+ab_done warp_only
+finish_call
