@@ -29,9 +29,10 @@ void lean_force_general_instance(bool on);
 // rows: leaf mode (1) or warp mode (0); warps per (sequence, kv head) in warp mode; the mixed grid's warp-mode chunks
 // per (sequence, kv head) (0 = not mixed); the query preparation's CTAs per (sequence, kv head) (0 = none: fp8); the
 // merge's slices; the lean kernel instance's resident CTAs per SM (the leaf-only and warp-only instances: 4 where
-// they fit); `launches` counts this thread's lean launches. All zero before any lean launch.
+// they fit) and which instance ran (0 general, 1 leaf-only, 2 warp-only: LeanInst); `launches` counts this thread's
+// lean launches. All zero before any lean launch.
 struct LeanLaunchInfo {
-  int leaf = 0, splits = 0, mix = 0, prep_ctas = 0, merge_slices = 0, ctas_per_sm = 0;
+  int leaf = 0, splits = 0, mix = 0, prep_ctas = 0, merge_slices = 0, ctas_per_sm = 0, instance = 0;
   unsigned long long launches = 0;
 };
 LeanLaunchInfo lean_last_launch();

@@ -1471,7 +1471,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
     if (inst == LeanInst::kWarpOnly) occ = lean_warp_only_prepare<D, B2>();
   }
   g_last_lean = LeanLaunchInfo{leaf ? 1 : 0, splits, mix, B2 == 0 ? 0 : four ? 4 : 1, slices, occ,
-                               g_last_lean.launches + 1};
+                               static_cast<int>(inst), g_last_lean.launches + 1};
 }
 
 }  // namespace kvpack::cuda_detail

@@ -429,6 +429,8 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
             ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4));
             const LeanLaunchInfo li = lean_last_launch();
             EXPECT_EQ(li.leaf, leaf);
+            if (general == 1) EXPECT_EQ(li.instance, 0) << "the general instance, forced";
+            if (general == 0 && leaf == 1) EXPECT_EQ(li.instance, 1) << "leaf mode's own instance";
             occ[leaf][general] = li.ctas_per_sm;
           }
         // At least as many CTAs per SM (H100, head_dim 128: 4 against 3 for the q formats' own instances).

@@ -132,7 +132,8 @@ int run_bench(const Opts& o) {
           if (const auto& li = t.lean)  // the lean launcher's choices (bench/NOTES.md v48: mixed grid, preparation split)
             row.update({{"lean_mode", li->leaf == 1 ? "leaf" : li->mix > 0 ? "mixed" : "warp"},
                         {"lean_mix", li->mix}, {"prep_ctas", li->prep_ctas}, {"merge_slices", li->merge_slices},
-                        {"lean_warps", li->splits}, {"lean_ctas_per_sm", li->ctas_per_sm}});
+                        {"lean_warps", li->splits}, {"lean_ctas_per_sm", li->ctas_per_sm},
+                        {"lean_instance", li->instance == 1 ? "leaf-only" : li->instance == 2 ? "warp-only" : "general"}});
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
           fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
