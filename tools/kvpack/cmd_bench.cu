@@ -129,11 +129,15 @@ int run_bench(const Opts& o) {
                       {"stages", t.stages}, {"plan", t.plan_source}, {"rotations", t.rotations},
                       {"kernel", t.lean ? "lean" : kvpack::decode_kernel_name(f)}, {"timing", t.timing}});
           if (t.leaf >= 0) row["leaf"] = t.leaf == 1;
-          if (const auto& li = t.lean)  // the lean launcher's choices (bench/NOTES.md v48: mixed grid, preparation split)
+          // The lean launcher's choices (bench/NOTES.md v48: mixed grid, preparation split; v50-v52: kernel instance).
+          const char* instance = !t.lean                  ? ""
+                                 : t.lean->instance == 1 ? "leaf-only"
+                                 : t.lean->instance == 2 ? "warp-only"
+                                                         : "general";
+          if (const auto& li = t.lean)
             row.update({{"lean_mode", li->leaf == 1 ? "leaf" : li->mix > 0 ? "mixed" : "warp"},
                         {"lean_mix", li->mix}, {"prep_ctas", li->prep_ctas}, {"merge_slices", li->merge_slices},
-                        {"lean_warps", li->splits}, {"lean_ctas_per_sm", li->ctas_per_sm},
-                        {"lean_instance", li->instance == 1 ? "leaf-only" : li->instance == 2 ? "warp-only" : "general"}});
+                        {"lean_warps", li->splits}, {"lean_ctas_per_sm", li->ctas_per_sm}, {"lean_instance", instance}});
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
           fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
@@ -141,8 +145,9 @@ int run_bench(const Opts& o) {
                      100 * t.bandwidth_tbs / read_bw, t.timing,
                      !t.lean ? fmt::format("splits {} stages {}", t.num_splits, t.stages)
                      : t.lean->leaf == 1
-                         ? fmt::format("lean, leaf mode, prep {} merge {}", t.lean->prep_ctas, t.lean->merge_slices)
-                         : fmt::format("lean, warps {}{}, prep {} merge {}", t.lean->splits,
+                         ? fmt::format("lean {}, leaf mode, prep {} merge {}", instance, t.lean->prep_ctas,
+                                       t.lean->merge_slices)
+                         : fmt::format("lean {}, warps {}{}, prep {} merge {}", instance, t.lean->splits,
                                        t.lean->mix ? fmt::format(" mixed {}", t.lean->mix) : "", t.lean->prep_ctas,
                                        t.lean->merge_slices));
         }
