@@ -1400,14 +1400,15 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // measured faster (1.03-1.08x at 32q/8kv batch 8-64, up to 1.08x at 8q/1kv; q4 0.96-1.00x on its 2-stage ring, q3.5
   // 0.98-1.02x), and there without the mixed grid, whose rule counts the general instance's 3 CTAs per SM (pure warp
   // mode on 4 CTAs per SM measured 1.04-1.08x over it in those cells). KVPACK_LEAN_WARP_ONLY=0 keeps the general
-  // instance, = 1 takes the warp-only one for every q format (measurement).
+  // instance, = 1 takes the warp-only one for every q format where the mixed rule does not mix (v52's "new"; with
+  // KVPACK_LEAN_MIX=0 also there: v52's "nomix") (measurement).
   static const int warp_only_env = lean_env_int("KVPACK_LEAN_WARP_ONLY", -1);
   bool warp_only = false;
   if constexpr (B2 != 0)
     warp_only = !leaf && (warp_only_env >= 0 ? warp_only_env != 0 : B2 == 6 && D == 128) &&
                 !g_force_general.load(std::memory_order_relaxed) &&
                 lean_warp_only_prepare<D, B2>() > lean_prepare<D, B2>();
-  if (warp_only && mix_forced <= 0 && mix_env < 0) mix = 0;
+  if (warp_only && warp_only_env < 0 && mix_forced <= 0 && mix_env < 0) mix = 0;
   if (mix > 0)
     grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
