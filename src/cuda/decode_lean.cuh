@@ -1304,25 +1304,11 @@ inline int lean_opt_in(Kernel kernel, int threads, size_t smem) {
   return n;
 }
 
-// The lean kernel's opt-in, once per instance; its resident CTAs per SM (0 when it cannot run here).
-template <int D, int B2>
+// A lean kernel instance's opt-in, once per instance; its resident CTAs per SM (0 when it cannot run here). The
+// leaf-only and warp-only instances (q formats) have 4 where they fit, the general one 3 (LeanGeo).
+template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 inline int lean_prepare() {
-  static const int ctas = lean_opt_in(lean_kernel<D, B2>, kLeanWarps * 32, LeanGeo<D, B2>::kSmem);
-  return ctas;
-}
-// The q formats' leaf-only instance (lean_kernel<D, B2, true>: no chunk accumulator in the loop, 4 CTAs per SM where
-// it fits), its opt-in once; its resident CTAs per SM (0 when it cannot run here).
-template <int D, int B2>
-inline int lean_leaf_only_prepare() {
-  static const int ctas = lean_opt_in(lean_kernel<D, B2, LeanInst::kLeafOnly>, kLeanWarps * 32,
-                                      LeanGeo<D, B2, LeanInst::kLeafOnly>::kSmem);
-  return ctas;
-}
-// The q formats' warp-only instance (the chunk accumulator in shared memory; v52), likewise.
-template <int D, int B2>
-inline int lean_warp_only_prepare() {
-  static const int ctas = lean_opt_in(lean_kernel<D, B2, LeanInst::kWarpOnly>, kLeanWarps * 32,
-                                      LeanGeo<D, B2, LeanInst::kWarpOnly>::kSmem);
+  static const int ctas = lean_opt_in(lean_kernel<D, B2, I>, kLeanWarps * 32, LeanGeo<D, B2, I>::kSmem);
   return ctas;
 }
 
@@ -1361,7 +1347,6 @@ inline void launch_lean_merge(int slices, dim3 grid, cudaStream_t stream, bool p
 
 template <int D, int B2>
 inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
-  using Geo = LeanGeo<D, B2>;
   lean_prepare<D, B2>();
   // Leaf mode: the plan's (DecodePlan::leaf: a tuned entry's, or the caller's), else the rule lean_default_leaf (host
   // code, split_model.cpp): leaf mode when one warp per chunk would not fill the GPU's warp slots once
@@ -1407,7 +1392,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   if constexpr (B2 != 0)
     warp_only = !leaf && (warp_only_env >= 0 ? warp_only_env != 0 : B2 == 6 && D == 128) &&
                 !g_force_general.load(std::memory_order_relaxed) &&
-                lean_warp_only_prepare<D, B2>() > lean_prepare<D, B2>();
+                lean_prepare<D, B2, LeanInst::kWarpOnly>() > lean_prepare<D, B2>();
   if (warp_only && warp_only_env < 0 && mix_forced <= 0 && mix_env < 0) mix = 0;
   if (mix > 0)
     grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
@@ -1440,20 +1425,21 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   LeanInst inst = LeanInst::kGeneral;
   if constexpr (B2 != 0)
     if (mix == 0 && !g_force_general.load(std::memory_order_relaxed)) {
-      if (leaf && leaf_only_env != 0 && lean_leaf_only_prepare<D, B2>() > 0) inst = LeanInst::kLeafOnly;
+      if (leaf && leaf_only_env != 0 && lean_prepare<D, B2, LeanInst::kLeafOnly>() > 0) inst = LeanInst::kLeafOnly;
       if (warp_only) inst = LeanInst::kWarpOnly;
     }
-  if (only & 2) {
-    auto go = [&]<LeanInst J>() {
+  int occ = 0;  // the instance's CTAs per SM (lean_last_launch)
+  auto go = [&]<LeanInst J>() {
+    occ = lean_prepare<D, B2, J>();
+    if (only & 2)
       lean_launch(lean_kernel<D, B2, J>, grid, kLeanWarps * 32, LeanGeo<D, B2, J>::kSmem, stream, pdl && B2 != 0, kp,
                   splits, krows, mix);
-    };
-    if constexpr (B2 != 0) {
-      if (inst == LeanInst::kLeafOnly) go.template operator()<LeanInst::kLeafOnly>();
-      if (inst == LeanInst::kWarpOnly) go.template operator()<LeanInst::kWarpOnly>();
-    }
-    if (inst == LeanInst::kGeneral) go.template operator()<LeanInst::kGeneral>();
+  };
+  if constexpr (B2 != 0) {
+    if (inst == LeanInst::kLeafOnly) go.template operator()<LeanInst::kLeafOnly>();
+    if (inst == LeanInst::kWarpOnly) go.template operator()<LeanInst::kWarpOnly>();
   }
+  if (inst == LeanInst::kGeneral) go.template operator()<LeanInst::kGeneral>();
   // Merge slices: as many fold groups per round as the sequence has (up to 16: one round at 128k) while the merge grid
   // still fits one wave at that CTA size's occupancy (v40: a second wave of large merge CTAs cost more than the
   // rounds it saved). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 / 8 / 16 forces S
@@ -1466,11 +1452,6 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const int slices = lean_merge_slices(int64_t{kp.num_kv_heads} * batch * kp.group, kp.max_groups, device_sm_count(),
                                        merge_occ, forced ? forced : slices_env);
   if (only & 4) launch_lean_merge<D, B2>(slices, dim3(kp.num_kv_heads, batch, kp.group), stream, pdl, kp);
-  int occ = lean_prepare<D, B2>();
-  if constexpr (B2 != 0) {
-    if (inst == LeanInst::kLeafOnly) occ = lean_leaf_only_prepare<D, B2>();
-    if (inst == LeanInst::kWarpOnly) occ = lean_warp_only_prepare<D, B2>();
-  }
   g_last_lean = LeanLaunchInfo{leaf ? 1 : 0, splits, mix, B2 == 0 ? 0 : four ? 4 : 1, slices, occ,
                                static_cast<int>(inst), g_last_lean.launches + 1};
 }
