@@ -5,6 +5,8 @@
 # which the build has), and the warp-state / occupancy sections of the details page.
 #   PROFILE_FORMATS="fp8 q4" PROFILE_SHAPE=32/8/128 PROFILE_BATCH=8 PROFILE_CTX=32k bash bench/tools/profile_device.sh
 # NCU_ARGS adds ncu options (e.g. "--warp-sampling-interval 0" for more stall samples of a short kernel).
+# PROFILE_KERNEL: the kernel-name regex (default decode_kernel; the lean path's: lean_kernel); PROFILE_BENCH_ARGS adds
+# `kvpack bench` options (the lean kernel: --eager, since ncu does not see the kernels of a replayed CUDA graph).
 # SKIP_BUILD=1 skips the build and the tests (when a previous step of the same call built the tree).
 set -u
 OUT=${OUT:-/tmp/kvpack_out}
@@ -16,9 +18,9 @@ if [ -z "${SKIP_BUILD:-}" ]; then
 fi
 tmp=$(mktemp -d)
 for f in ${PROFILE_FORMATS:-fp8 q4}; do
-  timeout 300 ncu --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 --set full --import-source yes ${NCU_ARGS:-} \
+  timeout 300 ncu --kernel-name regex:${PROFILE_KERNEL:-decode_kernel} --launch-skip 3 --launch-count 1 --set full --import-source yes ${NCU_ARGS:-} \
     -f -o "$tmp/prof_$f" ./$B/kvpack bench --formats "$f" --shapes "${PROFILE_SHAPE:-32/8/128}" \
-    --batch "${PROFILE_BATCH:-8}" --context "${PROFILE_CTX:-32k}" --iters 5 > "$tmp/ncu_$f.log" 2>&1
+    --batch "${PROFILE_BATCH:-8}" --context "${PROFILE_CTX:-32k}" --iters 5 ${PROFILE_BENCH_ARGS:-} > "$tmp/ncu_$f.log" 2>&1
   echo "== $f rc=$?"
   rep="$tmp/prof_$f.ncu-rep"
   ncu --import "$rep" --page source --print-source sass --csv > "$tmp/sass_$f.csv" 2>&1

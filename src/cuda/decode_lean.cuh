@@ -59,6 +59,12 @@ static_assert(kLeafSteps * kLeanWarps == kChunkSteps && kLeafSteps == 4, "a chun
 // The stage count changes when copies are issued, and the accumulator's home is a register or a shared-memory word:
 // never the arithmetic, so every instance gives the same bits.
 enum class LeanInst : int { kGeneral, kLeafOnly, kWarpOnly };
+// The general instance's CTAs per SM for q4 (__launch_bounds__' minimum): 3 (168 registers). A build with
+// -DKVPACK_LEAN_Q4_MINB=4 caps it at 128 registers, part of the chunk accumulator spilled to local memory (v55:
+// measured against 3 on the H200).
+#ifndef KVPACK_LEAN_Q4_MINB
+#define KVPACK_LEAN_Q4_MINB 3
+#endif
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
@@ -201,7 +207,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // accumulator in shared memory): 108-128 registers instead of 133-168 (sm_90a), so 4 CTAs per SM instead of 3 (the
 // ring's stages cut where 4 would not fit: LeanGeo). Same arithmetic in the same order: same bits.
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
-__global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 : B2 == 0 ? 1 : 3)
+__global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 : B2 == 0 ? 1 : B2 == 8 ? KVPACK_LEAN_Q4_MINB : 3)
     lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
@@ -1381,19 +1387,21 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                               int64_t{device_sm_count()} * lean_prepare<D, B2>() * kLeanWarps);
     if (force > 0 && mix == 0) mix = kLeanWarps;
   }
-  // The warp-only instance (v52; same bits as the general one): the default for q3 at head_dim 128, the one
-  // measured faster (1.03-1.08x at 32q/8kv batch 8-64, up to 1.08x at 8q/1kv; q4 0.96-1.00x on its 2-stage ring, q3.5
-  // 0.98-1.02x), and there without the mixed grid, whose rule counts the general instance's 3 CTAs per SM (pure warp
-  // mode on 4 CTAs per SM measured 1.04-1.08x over it in those cells). KVPACK_LEAN_WARP_ONLY=0 keeps the general
-  // instance, = 1 takes the warp-only one for every q format where the mixed rule does not mix (v52's "new"; with
-  // KVPACK_LEAN_MIX=0 also there: v52's "nomix") (measurement).
+  // The warp-only instance (v52; same bits as the general one), the default where it measured faster:
+  // - q3 at head_dim 128 (1.03-1.08x at 32q/8kv batch 8-64, up to 1.08x at 8q/1kv; H200, v54: 1.07-1.10x; q4
+  //   0.96-1.00x on its 2-stage ring, q3.5 0.98-1.02x), and there without the mixed grid, whose rule counts the
+  //   general instance's 3 CTAs per SM (pure warp mode on 4 CTAs per SM measured 1.04-1.08x over it in those cells);
+  // - every q format at head_dim 64 where the mixed rule does not mix (v54, H200, 9q/3kv/64: 1.05-1.12x at batch
+  //   8-64 x 32k-128k and 64 x 8k, the rest 1.00x).
+  // KVPACK_LEAN_WARP_ONLY=0 keeps the general instance, = 1 takes the warp-only one for every q format where the mixed
+  // rule does not mix (v52's "new"; with KVPACK_LEAN_MIX=0 also there: v52's "nomix") (measurement).
   static const int warp_only_env = lean_env_int("KVPACK_LEAN_WARP_ONLY", -1);
   bool warp_only = false;
   if constexpr (B2 != 0)
-    warp_only = !leaf && (warp_only_env >= 0 ? warp_only_env != 0 : B2 == 6 && D == 128) &&
+    warp_only = !leaf && (warp_only_env >= 0 ? warp_only_env != 0 : D == 64 || B2 == 6) &&
                 !g_force_general.load(std::memory_order_relaxed) &&
                 lean_prepare<D, B2, LeanInst::kWarpOnly>() > lean_prepare<D, B2>();
-  if (warp_only && warp_only_env < 0 && mix_forced <= 0 && mix_env < 0) mix = 0;
+  if (warp_only && D == 128 && warp_only_env < 0 && mix_forced <= 0 && mix_env < 0) mix = 0;
   if (mix > 0)
     grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
