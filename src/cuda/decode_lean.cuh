@@ -59,12 +59,13 @@ static_assert(kLeafSteps * kLeanWarps == kChunkSteps && kLeafSteps == 4, "a chun
 // The stage count changes when copies are issued, and the accumulator's home is a register or a shared-memory word:
 // never the arithmetic, so every instance gives the same bits.
 enum class LeanInst : int { kGeneral, kLeafOnly, kWarpOnly };
-// The general instance's CTAs per SM for q4 (__launch_bounds__' minimum): 3 (168 registers). A build with
-// -DKVPACK_LEAN_Q4_MINB=4 caps it at 128 registers, part of the chunk accumulator spilled to local memory (v55:
-// measured against 3 on the H200).
-#ifndef KVPACK_LEAN_Q4_MINB
-#define KVPACK_LEAN_Q4_MINB 3
+// The general instance's CTAs per SM for the q formats (__launch_bounds__' minimum): 3 (168 registers at head_dim 128).
+// A build with -DKVPACK_LEAN_GEN_MINB=4 (measurement, v55) caps it at 128 registers, part of the chunk accumulator
+// spilled to local memory, and gives it the ring depth that fits 4 CTAs per SM (as the leaf-only instance: q3.5 3).
+#ifndef KVPACK_LEAN_GEN_MINB
+#define KVPACK_LEAN_GEN_MINB 3
 #endif
+constexpr bool kLeanGenFour = KVPACK_LEAN_GEN_MINB >= 4;
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
@@ -81,7 +82,8 @@ struct LeanGeo {
   static constexpr size_t kTauBytes = kQ ? 256 * sizeof(float) : 0;
   static constexpr int kFourCtaStages =
       static_cast<int>((228 * 1024 / 4 - 1024 - kTauBytes - kLeanWarps * kAccBytes) / (kStageBytes * kLeanWarps));
-  static constexpr int kStages = I != LeanInst::kGeneral && kFourCtaStages >= 2 && kFourCtaStages < kFormatStages
+  static constexpr int kStages = (I != LeanInst::kGeneral || (kQ && kLeanGenFour)) && kFourCtaStages >= 2 &&
+                                         kFourCtaStages < kFormatStages
                                      ? kFourCtaStages
                                      : kFormatStages;
   static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
@@ -91,7 +93,7 @@ struct LeanGeo {
   static_assert(kWordMajor || kStageBytes % (32 * 16) == 0, "fp8, q4: a step is whole 16-byte copies of every lane");
   static_assert(size_t(kLeafVals) * 32 * 4 <= size_t(kStages) * kStageBytes, "a leaf fits a warp's ring");
 };
-static_assert(LeanGeo<128, 7, LeanInst::kLeafOnly>::kStages == 3 && LeanGeo<128, 7>::kStages == 4 &&
+static_assert(LeanGeo<128, 7, LeanInst::kLeafOnly>::kStages == 3 && LeanGeo<128, 7>::kStages == (kLeanGenFour ? 3 : 4) &&
                   LeanGeo<128, 8, LeanInst::kLeafOnly>::kStages == 3 && LeanGeo<128, 6, LeanInst::kLeafOnly>::kStages == 4,
               "leaf-only stages at head_dim 128: q3.5 3 (4 CTAs per SM), q4 3, q3 4 (their own)");
 static_assert(LeanGeo<128, 8, LeanInst::kWarpOnly>::kStages == 2 && LeanGeo<128, 7, LeanInst::kWarpOnly>::kStages == 2 &&
@@ -207,7 +209,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // accumulator in shared memory): 108-128 registers instead of 133-168 (sm_90a), so 4 CTAs per SM instead of 3 (the
 // ring's stages cut where 4 would not fit: LeanGeo). Same arithmetic in the same order: same bits.
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
-__global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 : B2 == 0 ? 1 : B2 == 8 ? KVPACK_LEAN_Q4_MINB : 3)
+__global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 : B2 == 0 ? 1 : KVPACK_LEAN_GEN_MINB)
     lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
