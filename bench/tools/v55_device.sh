@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device call (bench/NOTES.md v55, H200): main's rule with the warp-only instance at head_dim 64 checked (the
-# bitwise test), then A/B in one call for q4 and q3.5 at both head_dim-128 shapes, batch 8-64 x 32k-128k: main (base),
-# the warp-only instance forced (wo: KVPACK_LEAN_WARP_ONLY=1; nomix: also KVPACK_LEAN_MIX=0), and q4 s general instance
-# at 4 CTAs per SM (g4: a second build with -DKVPACK_LEAN_GEN_MINB=4, 128 registers, part of the chunk accumulator
-# spilled). Then ncu (stall reasons, hottest SASS) of the lean kernel for q4 and q3 at 32q/8kv 32 x 128k, and the full
-# grid with FlashInfer as main ships it. Carry [".whl"]. Files in $OUT: ab.json, bench_fi.json, hot_q4.txt,
+# bitwise test), then A/B in one call for the q formats at both head_dim-128 shapes, batch 8-64 x 32k-128k: main
+# (base), the warp-only instance forced (wo: KVPACK_LEAN_WARP_ONLY=1; nomix: also KVPACK_LEAN_MIX=0), and the general
+# instance at 4 CTAs per SM (g4: a second build with -DKVPACK_LEAN_GEN_MINB=4: 128 registers, part of the chunk
+# accumulator spilled, q3.5's ring 3 stages; the warp-only instance then never has more CTAs, so g4 runs the general
+# 32q/8kv 32 x 128k, and the full grid with FlashInfer as main ships it. Carry [".whl"]. Files in $OUT: ab.json,
+# bench_fi.json, hot_q4.txt, hot_q3.txt, log.txt.
 # hot_q3.txt, log.txt.
 #   LIMIT_S=480 bash bench/tools/v55_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v55_out /tmp/v55_work 480
