@@ -4,9 +4,9 @@
 # (base), the warp-only instance forced (wo: KVPACK_LEAN_WARP_ONLY=1; nomix: also KVPACK_LEAN_MIX=0), and the general
 # instance at 4 CTAs per SM (g4: a second build with -DKVPACK_LEAN_GEN_MINB=4: 128 registers, part of the chunk
 # accumulator spilled, q3.5's ring 3 stages; the warp-only instance then never has more CTAs, so g4 runs the general
+# one in warp mode for every format). Then ncu (stall reasons, hottest SASS) of the lean kernel for q4 and q3 at
 # 32q/8kv 32 x 128k, and the full grid with FlashInfer as main ships it. Carry [".whl"]. Files in $OUT: ab.json,
 # bench_fi.json, hot_q4.txt, hot_q3.txt, log.txt.
-# hot_q3.txt, log.txt.
 #   LIMIT_S=480 bash bench/tools/v55_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v55_out /tmp/v55_work 480
 (cmake -S . -B build-g4 -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
@@ -36,3 +36,4 @@ stamp "ncu rc=$?"
 [ "$(left)" -gt 50 ] && fi_grid
 report
 rm -f "$OUT/build.log"
+
