@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One device call (bench/NOTES.md v53 + v52b; run it on branch q3-wo3, whose change the patch holds): the branch's
-# GPU tests (bitwise, random shapes), then A/B in one call: q3's warp cells, main (base, built beside from the reversed
+# One device call (bench/NOTES.md v53 + v52b; run it on branch q3-wo3, whose change the patch holds): the branch's GPU
+# tests (bitwise, random shapes), then A/B in one call: q3's warp cells, main (base, built beside from the reversed
 # $PATCH) vs the branch (new: the warp-only instance on 3 stages) vs the branch with the general instance (gen:
-# KVPACK_LEAN_WARP_ONLY=0); q4 / q3.5 with the
-# warp-only instance forced (rounds 11, 12); SmolLM2's 9q/3kv/64, the branch's general (base) vs warp-only instance
-# (wo) (rounds 21, 22). Then the full grid with FlashInfer of the branch, the other GPU tests and the sanitizers while
-# time is left. Carry [".whl"]. Files in $OUT: ab.json, bench_fi.json, log.txt.
+# KVPACK_LEAN_WARP_ONLY=0); q4 / q3.5 with the warp-only instance forced (rounds 11, 12); SmolLM2's 9q/3kv/64, the
+# branch's general (base) vs warp-only instance (wo) (rounds 21, 22). Then the full grid with FlashInfer of the
+# branch, the other GPU tests and the sanitizers while time is left. Carry [".whl"]. Files in $OUT: ab.json,
+# bench_fi.json, log.txt.
 #   PATCH=bench/results/logs/v53_q3_wo3.patch LIMIT_S=540 bash bench/tools/v54_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v54_out /tmp/v54_work 540
 PATCH=${PATCH:-bench/results/logs/v53_q3_wo3.patch}
