@@ -25,6 +25,9 @@ void lean_force_mix(int mix);
 // Tests: run leaf-mode and warp-mode grids on the general lean kernel instance (true) instead of the leaf-only and
 // warp-only ones (false: the launcher's rule) for later q-format launches.
 void lean_force_general_instance(bool on);
+// Tests: run warp-mode grids (without the mixed part) on the warp-only instance wherever it has more CTAs per SM than
+// the general one (true), not only where the launcher's rule takes it (false), for later q-format launches.
+void lean_force_warp_only_instance(bool on);
 // What the lean launcher chose at this thread's last lean-path launch (q4 / q3.5 / q3; fp8 at one kv head), for kvpack bench's
 // rows: leaf mode (1) or warp mode (0); warps per (sequence, kv head) in warp mode; the mixed grid's warp-mode chunks
 // per (sequence, kv head) (0 = not mixed); the query preparation's CTAs per (sequence, kv head) (0 = none: fp8); the

@@ -66,6 +66,7 @@ bool lean_stamps_dump(const char* path, const char* label) {
 void lean_force_merge_slices(int slices) { cuda_detail::g_force_merge_slices.store(slices); }
 void lean_force_mix(int mix) { cuda_detail::g_force_mix.store(mix); }
 void lean_force_general_instance(bool on) { cuda_detail::g_force_general.store(on); }
+void lean_force_warp_only_instance(bool on) { cuda_detail::g_force_warp_only.store(on); }
 LeanLaunchInfo lean_last_launch() { return cuda_detail::g_last_lean; }
 
 int lean_env_rule() {

@@ -488,6 +488,43 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
   }
 }
 
+// The lean kernel's instances at head_dim 64 (q formats, SmolLM2's 9q/3kv): leaf and warp mode, each on the general
+// instance, on the launcher's choice, and with the warp-only instance forced (4 CTAs per SM against the general one's
+// 3 on the H100 and H200; measured 1.05-1.12x faster there in warp mode, bench/NOTES.md v54, but not the default until
+// this test has passed on a GPU) give the same bits as a plain plan, which is checked against fp64. A 20,001-token
+// sequence is 40 chunks (three fold groups), so warp mode's 8 splits give warps several chunks each.
+TEST(DecodeGpu, LeanInstancesAtHeadDim64GiveTheSameBits) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(2718);
+  for (Format f : {Format::q4, Format::q3_5, Format::q3}) {
+    SCOPED_TRACE(format_name(f));
+    const PagedLayout l = make_paged_layout(f, 16, 3, 64);
+    const std::vector<int64_t> lens{5000, 1, 2049, 20001, 512};
+    PagedBatch pb = make_batch(l, lens, rng);
+    DevBatch db(pb);
+    const int qo = 9;
+    auto q = random_bf16(lens.size() * qo * 64, rng, 2.0f);
+    AttnResult base = run_attention(pb, db, q, qo, true, 1, 2);
+    expect_close(compare(pb, q, qo, base));
+    for (int leaf : {0, 1})
+      for (int inst : {0, 1, 2}) {  // 0: the general instance forced, 1: the launcher's choice, 2: warp-only forced
+        lean_force_general_instance(inst == 0);
+        lean_force_warp_only_instance(inst == 2);
+        AttnResult r = run_attention(pb, db, q, qo, leaf == 0, 8, 3, 0, true, leaf);
+        lean_force_general_instance(false);
+        lean_force_warp_only_instance(false);
+        ASSERT_EQ(r.status, 0);
+        ASSERT_EQ(r.out, base.out) << "leaf " << leaf << " instance choice " << inst;
+        ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4)) << "leaf " << leaf << " " << inst;
+        const LeanLaunchInfo li = lean_last_launch();
+        EXPECT_EQ(li.leaf, leaf);
+        if (inst == 0) EXPECT_EQ(li.instance, 0) << "the general instance, forced";
+        if (inst != 0 && leaf == 1) EXPECT_EQ(li.instance, 1) << "leaf mode's own instance";
+        if (inst == 2 && leaf == 0) EXPECT_EQ(li.instance, 2) << "the warp-only instance, forced (H100 / H200)";
+      }
+  }
+}
+
 // The lean merge kernel's slice counts (1, 2, 4, 8, 16 fold groups per round, forced for the test) give the same bits:
 // a 140,001-token sequence is 274 chunks = 18 fold groups (two rounds even at 16 slices, 18 at one), beside
 // sequences of one group and of one token; head_dim 64 (one channel per thread) and 128 (two).
