@@ -66,6 +66,14 @@ enum class LeanInst : int { kGeneral, kLeafOnly, kWarpOnly };
 #define KVPACK_LEAN_GEN_MINB 3
 #endif
 constexpr bool kLeanGenFour = KVPACK_LEAN_GEN_MINB >= 4;
+// v56 (bench/NOTES.md), q formats: the scores' HMMA chains per unit (1 or 2) and the V scale bytes gathered one per
+// lane then shuffled (1) or two per lane (0). -D overrides them for A/B builds.
+#ifndef KVPACK_LEAN_SCORE_CHAINS
+#define KVPACK_LEAN_SCORE_CHAINS 2
+#endif
+#ifndef KVPACK_LEAN_VSCALE_COOP
+#define KVPACK_LEAN_VSCALE_COOP 1
+#endif
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
@@ -633,11 +641,20 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         sv |= __shfl_xor_sync(0xffffffffu, sv, 1);
         sv |= __shfl_xor_sync(0xffffffffu, sv, 2);
         const float tk0 = tau_s[sv & 0xffu], tk8 = tau_s[(sv >> 8) & 0xffu];
+        // KVPACK_LEAN_SCORE_CHAINS (v56): the k-blocks' products accumulate in that many independent chains (kb
+        // modulo the count), summed in a fixed order at the end (2: the even and the odd k-blocks, then c += c'),
+        // so that the unit's HMMAs are not one dependent chain of kKB. Part of the numerical definition (every plan
+        // and instance runs the same sums).
         float c[4] = {0.f, 0.f, 0.f, 0.f};
+        float c2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int kb = 0; kb < kKB; ++kb)  // groups 2 kb (a0: token g, a1: token g + 8) and 2 kb + 1 (a2, a3)
-          mma_f16_full(c, lean_q_pair<LK>(k0, s0, 2 * kb), lean_q_pair<LK>(k8, s8, 2 * kb),
-                       lean_q_pair<LK>(k0, s0, 2 * kb + 1), lean_q_pair<LK>(k8, s8, 2 * kb + 1), qb[kb][0], qb[kb][1]);
+          mma_f16_full(KVPACK_LEAN_SCORE_CHAINS == 2 && kb % 2 ? c2 : c, lean_q_pair<LK>(k0, s0, 2 * kb),
+                       lean_q_pair<LK>(k8, s8, 2 * kb), lean_q_pair<LK>(k0, s0, 2 * kb + 1),
+                       lean_q_pair<LK>(k8, s8, 2 * kb + 1), qb[kb][0], qb[kb][1]);
+        if constexpr (KVPACK_LEAN_SCORE_CHAINS == 2)
+          c[0] = __fadd_rn(c[0], c2[0]), c[1] = __fadd_rn(c[1], c2[1]), c[2] = __fadd_rn(c[2], c2[2]),
+          c[3] = __fadd_rn(c[3], c2[3]);
         const int ta = t0 + 16 * u + g;
         const bool v0 = ta < len32 && ta >= n_sink, v8 = ta + 8 < len32 && ta + 8 >= n_sink;
         sc[u][0] = v0 ? fmaf(tk0, fmaf(c[0], un0, -qo0), cz0) : -INFINITY;
@@ -704,8 +721,17 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         const uint32_t la = v0[LV::kScaleSlot], lb = v1[LV::kScaleSlot];
         const uint32_t bal0 = __ballot_sync(0xffffffffu, (la >> 15) & 1u), bal1 = __ballot_sync(0xffffffffu, la >> 31);
         const uint32_t bal2 = __ballot_sync(0xffffffffu, (lb >> 15) & 1u), bal3 = __ballot_sync(0xffffffffu, lb >> 31);
+#if KVPACK_LEAN_VSCALE_COOP
+        // v56: lane l gathers the byte of the unit's token l % 16 (tokens 0-7: ballots 0 / 1 by parity, 8-15: 2 / 3)
+        // and looks up its scale; lanes g and 8 + g hand tokens g and g + 8 to the lanes that need them (the same
+        // values as each lane gathering both itself: one byte gathered per lane instead of two).
+        const int tj = lane & 15;
+        const float tj_tau = tau_s[lean_ballot_byte(tj < 8 ? (tj & 1 ? bal1 : bal0) : (tj & 1 ? bal3 : bal2), (tj & 7) >> 1)];
+        const float tv0 = __shfl_sync(0xffffffffu, tj_tau, g), tv8 = __shfl_sync(0xffffffffu, tj_tau, g + 8);
+#else
         const float tv0 = tau_s[lean_ballot_byte(g & 1 ? bal1 : bal0, g >> 1)];
         const float tv8 = tau_s[lean_ballot_byte(g & 1 ? bal3 : bal2, g >> 1)];
+#endif
         const float p0 = lean_ex2(sc[u][0] - r0), p1 = lean_ex2(sc[u][1] - r1);
         const float p2 = lean_ex2(sc[u][2] - r0), p3 = lean_ex2(sc[u][3] - r1);
         l0 += p0 + p2;
