@@ -74,6 +74,12 @@ constexpr bool kLeanGenFour = KVPACK_LEAN_GEN_MINB >= 4;
 #ifndef KVPACK_LEAN_VSCALE_COOP
 #define KVPACK_LEAN_VSCALE_COOP 1
 #endif
+// v57: the q formats' lazy leaf max (KVPACK_LEAN_LAZY log2 units of slack, <= 6 for f16's range; 0: a rescale every
+// step, as before).
+#ifndef KVPACK_LEAN_LAZY
+#define KVPACK_LEAN_LAZY 4
+#endif
+static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY x 2^8 must fit f16");
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
@@ -690,10 +696,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
     }
-    const float r0 = mx0 == -INFINITY ? 0.f : mx0, r1 = mx1 == -INFINITY ? 0.f : mx1;
-    if (cs % kLeafSteps != 0) {
-      // Rescale the leaf's sums to the new max. A leaf's first step skips it: its sums are still zero (x 0 = 0).
-      const float al0 = lean_ex2(m0 - r0), al1 = lean_ex2(m1 - r1);
+    // Rescale the leaf's sums by al0, al1 (the old reference max over the new one).
+    auto rescale = [&](float al0, float al1) {
       l0 *= al0;
       l1 *= al1;
       if constexpr (kLaneQ) {
@@ -707,9 +711,34 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         o[mb][2] *= al0;
         o[mb][3] *= al1;
       }
+    };
+    float r0, r1;
+    if constexpr (kLaneQ && KVPACK_LEAN_LAZY > 0) {
+      // v57 (q formats): the leaf's reference max m is set by its first step and moves only when a step's max passes
+      // it by more than KVPACK_LEAN_LAZY (log2 units), so most steps skip the rescale. The weights p = 2^(s - m)
+      // then stay <= 2^LAZY, and p tau_V < 2^LAZY x 2^8 fits f16. The rescale runs for the whole warp when any of its
+      // heads moves (the others by exactly 1). Part of the numerical definition: a leaf's sums depend on its tokens
+      // only, as before, so every plan and instance gives the same bits.
+      constexpr float kLazy = static_cast<float>(KVPACK_LEAN_LAZY);
+      const bool up0 = mx0 > m0 + kLazy, up1 = mx1 > m1 + kLazy;  // m = -inf: any finite max moves it
+      if (cs % kLeafSteps == 0) {
+        m0 = mx0;  // a leaf's first step: its sums are still zero
+        m1 = mx1;
+      } else if (__any_sync(0xffffffffu, up0 || up1)) {
+        rescale(up0 ? lean_ex2(m0 - mx0) : 1.f, up1 ? lean_ex2(m1 - mx1) : 1.f);
+        m0 = up0 ? mx0 : m0;
+        m1 = up1 ? mx1 : m1;
+      }
+      r0 = m0 == -INFINITY ? 0.f : m0;
+      r1 = m1 == -INFINITY ? 0.f : m1;
+    } else {
+      r0 = mx0 == -INFINITY ? 0.f : mx0;
+      r1 = mx1 == -INFINITY ? 0.f : mx1;
+      // A leaf's first step skips the rescale: its sums are still zero (x 0 = 0).
+      if (cs % kLeafSteps != 0) rescale(lean_ex2(m0 - r0), lean_ex2(m1 - r1));
+      m0 = mx0;
+      m1 = mx1;
     }
-    m0 = mx0;
-    m1 = mx1;
     // ---- P.V ----
     if constexpr (kLaneQ) {
 #pragma unroll
