@@ -7,7 +7,8 @@
 //
 //   g++ -std=c++20 -O2 -I include -I src bench/tools/lazy_max_stats.cpp build/libkvpack.a -lfmt -lopenblas \
 //       -licuuc -licui18n -lpthread -o /tmp/lazy_max_stats
-//   /tmp/lazy_max_stats MODEL.gguf data/eval-a.txt [TOKENS=4096] [SLACK=4] [EVERY=97]
+//   /tmp/lazy_max_stats models/smollm2-135m-instruct.gguf data/eval-a.txt [TOKENS=4096] [SLACK=4] [EVERY=97]
+// (the model and the texts: scripts/setup.sh)
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
