@@ -3,7 +3,7 @@
 # per unit, the V scale bytes gathered one per lane, and the q formats' lazy leaf max (new, the branch's defaults),
 # A/B in one call against three builds beside it: base (-DKVPACK_LEAN_SCORE_CHAINS=1 -DKVPACK_LEAN_VSCALE_COOP=0
 # -DKVPACK_LEAN_LAZY=0: main's kernel), coop (the V scale change alone: same bits as base) and lazy (coop + the lazy
-# max); on an H200 also the warp-only instance forced for every q format (wo, on the new build). Then the new build's
+# max, with v57b's vote: KVPACK_LEAN_LAZY_VOTE=1, same bits); on an H200 also the warp-only instance forced for every q format (wo, on the new build). Then the new build's
 # GPU tests (bitwise, random shapes, the head_dim-64 instances, mixed grid, merge slices, write, dequantiser) and the
 # grid with FlashInfer while time is left. Carry [".whl"]. Files in $OUT: ab.json, bench_fi.json, log.txt.
 #   LIMIT_S=560 bash bench/tools/v56_device.sh

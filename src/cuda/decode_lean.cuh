@@ -79,6 +79,10 @@ constexpr bool kLeanGenFour = KVPACK_LEAN_GEN_MINB >= 4;
 #ifndef KVPACK_LEAN_LAZY
 #define KVPACK_LEAN_LAZY 4
 #endif
+// v57b: with the lazy max, the row reduction only on steps whose lanes vote that a rescale follows (same bits).
+#ifndef KVPACK_LEAN_LAZY_VOTE
+#define KVPACK_LEAN_LAZY_VOTE 1
+#endif
 static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY x 2^8 must fit f16");
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 struct LeanGeo {
@@ -689,13 +693,19 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
       sc[u][3] = ta + 8 < len32 ? c[3] * qe1 : -INFINITY;
     }
     // ---- online softmax of the leaf over this step ----
-    float mx0 = fmaxf(m0, fmaxf(fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[1][0], sc[1][2])));
-    float mx1 = fmaxf(m1, fmaxf(fmaxf(sc[0][1], sc[0][3]), fmaxf(sc[1][1], sc[1][3])));
+    // The lane's own maxima of its rows (heads 2q, 2q + 1), then (row_max) over the row's 8 lanes.
+    const float lm0 = fmaxf(fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[1][0], sc[1][2]));
+    const float lm1 = fmaxf(fmaxf(sc[0][1], sc[0][3]), fmaxf(sc[1][1], sc[1][3]));
+    float mx0, mx1;
+    auto row_max = [&] {
+      mx0 = fmaxf(m0, lm0);
+      mx1 = fmaxf(m1, lm1);
 #pragma unroll
-    for (int x = 4; x < 32; x <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-    }
+      for (int x = 4; x < 32; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+      }
+    };
     // Rescale the leaf's sums by al0, al1 (the old reference max over the new one).
     auto rescale = [&](float al0, float al1) {
       l0 *= al0;
@@ -720,18 +730,30 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
       // heads moves (the others by exactly 1). Part of the numerical definition: a leaf's sums depend on its tokens
       // only, as before, so every plan and instance gives the same bits.
       constexpr float kLazy = static_cast<float>(KVPACK_LEAN_LAZY);
-      const bool up0 = mx0 > m0 + kLazy, up1 = mx1 > m1 + kLazy;  // m = -inf: any finite max moves it
       if (cs % kLeafSteps == 0) {
+        row_max();
         m0 = mx0;  // a leaf's first step: its sums are still zero
         m1 = mx1;
-      } else if (__any_sync(0xffffffffu, up0 || up1)) {
-        rescale(up0 ? lean_ex2(m0 - mx0) : 1.f, up1 ? lean_ex2(m1 - mx1) : 1.f);
-        m0 = up0 ? mx0 : m0;
-        m1 = up1 ? mx1 : m1;
+      } else {
+        // v57b (KVPACK_LEAN_LAZY_VOTE): a row's max passes m + LAZY exactly when one of its lanes' own maxima does,
+        // so the warp votes on the lanes' maxima and reduces over the row only when a rescale follows: the same
+        // decision and the same values as reducing first (same bits), without the 6 shuffles on most steps.
+        bool any_up = true;
+        if constexpr (KVPACK_LEAN_LAZY_VOTE) any_up = __any_sync(0xffffffffu, lm0 > m0 + kLazy || lm1 > m1 + kLazy);
+        if (any_up) {
+          row_max();
+          const bool up0 = mx0 > m0 + kLazy, up1 = mx1 > m1 + kLazy;  // m = -inf: any finite max moves it
+          if (KVPACK_LEAN_LAZY_VOTE || __any_sync(0xffffffffu, up0 || up1)) {  // the vote already said so
+            rescale(up0 ? lean_ex2(m0 - mx0) : 1.f, up1 ? lean_ex2(m1 - mx1) : 1.f);
+            m0 = up0 ? mx0 : m0;
+            m1 = up1 ? mx1 : m1;
+          }
+        }
       }
       r0 = m0 == -INFINITY ? 0.f : m0;
       r1 = m1 == -INFINITY ? 0.f : m1;
     } else {
+      row_max();
       r0 = mx0 == -INFINITY ? 0.f : mx0;
       r1 = mx1 == -INFINITY ? 0.f : mx1;
       // A leaf's first step skips the rescale: its sums are still zero (x 0 = 0).
