@@ -1471,9 +1471,8 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // - q3 at head_dim 128 (1.03-1.08x at 32q/8kv batch 8-64, up to 1.08x at 8q/1kv; H200, v54: 1.07-1.10x; q4
   //   0.96-1.00x on its 2-stage ring, q3.5 0.98-1.02x), and there without the mixed grid, whose rule counts the
   //   general instance's 3 CTAs per SM (pure warp mode on 4 CTAs per SM measured 1.04-1.08x over it in those cells);
-  // - not yet at head_dim 64: there it measured 1.05-1.12x for every q format (v54, H200, 9q/3kv/64, batch 8-64 x
-  //   32k-128k and 64 x 8k, the mixed rule unchanged), but no GPU test has run the warp-only instance at head_dim 64
-  //   yet (DecodeGpu.LeanInstancesAtHeadDim64GiveTheSameBits, added after that run): the default waits for it.
+  // - every q format at head_dim 64, where the mixed rule does not mix (v54, H200, 9q/3kv/64, batch 8-64 x 32k-128k
+  //   and 64 x 8k: 1.05-1.12x; same bits: DecodeGpu.LeanInstancesAtHeadDim64GiveTheSameBits).
   // KVPACK_LEAN_WARP_ONLY=0 keeps the general instance, = 1 takes the warp-only one for every q format where the mixed
   // rule does not mix (v52's "new"; with KVPACK_LEAN_MIX=0 also there: v52's "nomix") (measurement).
   // lean_force_warp_only_instance (tests) takes it wherever it has more CTAs per SM, the mixed rule unchanged.
@@ -1481,10 +1480,10 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const bool wo_forced = g_force_warp_only.load(std::memory_order_relaxed);
   bool warp_only = false;
   if constexpr (B2 != 0)
-    warp_only = !leaf && (warp_only_env >= 0 ? warp_only_env != 0 : wo_forced || (D == 128 && B2 == 6)) &&
+    warp_only = !leaf && (warp_only_env >= 0 ? warp_only_env != 0 : wo_forced || D == 64 || B2 == 6) &&
                 !g_force_general.load(std::memory_order_relaxed) &&
                 lean_prepare<D, B2, LeanInst::kWarpOnly>() > lean_prepare<D, B2>();
-  if (warp_only && warp_only_env < 0 && !wo_forced && mix_forced <= 0 && mix_env < 0) mix = 0;
+  if (warp_only && warp_only_env < 0 && !wo_forced && D == 128 && mix_forced <= 0 && mix_env < 0) mix = 0;
   if (mix > 0)
     grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
