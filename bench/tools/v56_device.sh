@@ -2,7 +2,7 @@
 # One device call (bench/NOTES.md v56, v57; branch v56-chains): the lean kernel with the scores' HMMAs in two chains
 # per unit, the V scale bytes gathered one per lane, and the q formats' lazy leaf max (new, the branch's defaults),
 # A/B in one call against three builds beside it: base (-DKVPACK_LEAN_SCORE_CHAINS=1 -DKVPACK_LEAN_VSCALE_COOP=0
-# -DKVPACK_LEAN_LAZY=0: main's kernel), coop (the V scale change alone: same bits as base) and lazy (coop + the lazy
+# -DKVPACK_LEAN_LAZY=0: main's kernel), coop (the V scale change and v58's masks only on steps that need them: same bits as base) and lazy (coop + the lazy
 # max, with v57b's vote: KVPACK_LEAN_LAZY_VOTE=1, same bits); on an H200 also the warp-only instance forced for every q format (wo, on the new build). Then the new build's
 # GPU tests (bitwise, random shapes, the head_dim-64 instances, mixed grid, merge slices, write, dequantiser) and the
 # grid with FlashInfer while time is left. Carry [".whl"]. Files in $OUT: ab.json, bench_fi.json, log.txt.
@@ -12,7 +12,7 @@ side_build() {  # side_build DIR FLAGS: kvpack_cli with those CUDA flags into DI
   (cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
      "-DCMAKE_CUDA_FLAGS=$2" > "$W/$1.log" 2>&1 && cmake --build "$1" -j4 --target kvpack_cli >> "$W/$1.log" 2>&1) &
 }
-side_build build-base "-DKVPACK_LEAN_SCORE_CHAINS=1 -DKVPACK_LEAN_VSCALE_COOP=0 -DKVPACK_LEAN_LAZY=0"; p1=$!
+side_build build-base "-DKVPACK_LEAN_SCORE_CHAINS=1 -DKVPACK_LEAN_VSCALE_COOP=0 -DKVPACK_LEAN_LAZY=0 -DKVPACK_LEAN_TAIL_MASK=0"; p1=$!
 side_build build-coop "-DKVPACK_LEAN_SCORE_CHAINS=1 -DKVPACK_LEAN_LAZY=0"; p2=$!
 side_build build-lazy "-DKVPACK_LEAN_SCORE_CHAINS=1"; p3=$!
 build_device kvpack_cli kvpack_gpu_tests

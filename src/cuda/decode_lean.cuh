@@ -79,6 +79,10 @@ constexpr bool kLeanGenFour = KVPACK_LEAN_GEN_MINB >= 4;
 #ifndef KVPACK_LEAN_LAZY
 #define KVPACK_LEAN_LAZY 4
 #endif
+// v58: the scores' masks only on steps that hold masked tokens (same bits; 0: on every step, as before).
+#ifndef KVPACK_LEAN_TAIL_MASK
+#define KVPACK_LEAN_TAIL_MASK 1
+#endif
 // v57b: with the lazy max, the row reduction only on steps whose lanes vote that a rescale follows (same bits).
 #ifndef KVPACK_LEAN_LAZY_VOTE
 #define KVPACK_LEAN_LAZY_VOTE 1
@@ -665,12 +669,23 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         if constexpr (KVPACK_LEAN_SCORE_CHAINS == 2)
           c[0] = __fadd_rn(c[0], c2[0]), c[1] = __fadd_rn(c[1], c2[1]), c[2] = __fadd_rn(c[2], c2[2]),
           c[3] = __fadd_rn(c[3], c2[3]);
-        const int ta = t0 + 16 * u + g;
-        const bool v0 = ta < len32 && ta >= n_sink, v8 = ta + 8 < len32 && ta + 8 >= n_sink;
-        sc[u][0] = v0 ? fmaf(tk0, fmaf(c[0], un0, -qo0), cz0) : -INFINITY;
-        sc[u][1] = v0 ? fmaf(tk0, fmaf(c[1], un1, -qo1), cz1) : -INFINITY;
-        sc[u][2] = v8 ? fmaf(tk8, fmaf(c[2], un0, -qo0), cz0) : -INFINITY;
-        sc[u][3] = v8 ? fmaf(tk8, fmaf(c[3], un1, -qo1), cz1) : -INFINITY;
+        sc[u][0] = fmaf(tk0, fmaf(c[0], un0, -qo0), cz0);
+        sc[u][1] = fmaf(tk0, fmaf(c[1], un1, -qo1), cz1);
+        sc[u][2] = fmaf(tk8, fmaf(c[2], un0, -qo0), cz0);
+        sc[u][3] = fmaf(tk8, fmaf(c[3], un1, -qo1), cz1);
+      }
+      // Tokens outside [n_sink, len) (the sink pool's positions, the sequence's end) score -inf. v58: only a step
+      // that holds such tokens runs the masks (a warp-uniform branch; the same scores either way).
+      if (KVPACK_LEAN_TAIL_MASK == 0 || t0 < n_sink || t0 + kLeanStepTok > len32) {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int ta = t0 + 16 * u + g;
+          const bool v0 = ta < len32 && ta >= n_sink, v8 = ta + 8 < len32 && ta + 8 >= n_sink;
+          sc[u][0] = v0 ? sc[u][0] : -INFINITY;
+          sc[u][1] = v0 ? sc[u][1] : -INFINITY;
+          sc[u][2] = v8 ? sc[u][2] : -INFINITY;
+          sc[u][3] = v8 ? sc[u][3] : -INFINITY;
+        }
       }
     } else
 #pragma unroll
