@@ -28,7 +28,7 @@ for r in 1 2; do
   ab_bench new $r
   [ $h200 = 1 ] && ab_bench wo $r KVPACK_LEAN_WARP_ONLY=1
 done
-AB_TITLE="v56/v57: base (main) vs coop (V scales per lane) vs lazy (+ lazy max) vs new (+ 2 score chains) [vs wo on H200]"
+AB_TITLE="v56-v58: base (main) vs coop (V scales per lane, tail masks) vs lazy (+ lazy max, vote) vs new (+ 2 score chains, WO at D=64) [vs wo on H200]"
 ab_done ab
 FIRST='DecodeGpu.RandomShapes*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanInstances*'
 gpu_tests tests_first $(( $(left) - 60 )) "$FIRST"
