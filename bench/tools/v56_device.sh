@@ -4,7 +4,7 @@
 # A/B in one call against three builds beside it: base (-DKVPACK_LEAN_SCORE_CHAINS=1 -DKVPACK_LEAN_VSCALE_COOP=0
 # -DKVPACK_LEAN_LAZY=0: main's kernel), coop (the V scale change and v58's masks only on steps that need them: same bits as base) and lazy (coop + the lazy
 # max, with v57b's vote: KVPACK_LEAN_LAZY_VOTE=1, same bits); on an H200 also the warp-only instance forced for every q format (wo, on the new build). Then the new build's
-# GPU tests (bitwise, random shapes, the head_dim-64 instances, mixed grid, merge slices, write, dequantiser) and the
+# GPU tests (bitwise, random shapes, the head_dim-64 instances, mixed grid, merge slices, 128k, empty, graph) and the
 # grid with FlashInfer while time is left. Carry [".whl"]. Files in $OUT: ab.json, bench_fi.json, log.txt.
 #   LIMIT_S=560 bash bench/tools/v56_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v56_out /tmp/v56_work 560
@@ -33,7 +33,7 @@ ab_done ab
 FIRST='DecodeGpu.RandomShapes*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanInstances*'
 gpu_tests tests_first $(( $(left) - 60 )) "$FIRST"
 report
-[ "$(left)" -gt 120 ] && gpu_tests tests $(( $(left) - 50 )) 'DecodeGpu.LeanMixed*:DecodeGpu.LeanMergeSlice*:PagedWriteGpu.*:PagedDequantGpu.*'
+[ "$(left)" -gt 120 ] && gpu_tests tests $(( $(left) - 50 )) 'DecodeGpu.LeanMixed*:DecodeGpu.LeanMergeSlice*:DecodeGpu.LongContext*:DecodeGpu.Empty*:DecodeGpu.Graph*'
 report
 [ "$(left)" -gt 50 ] && fi_grid
 report
