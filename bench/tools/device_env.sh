@@ -1,5 +1,5 @@
 # Sourced by the one-call device scripts (lean_device.sh, lean_branch_device.sh, q4_lanes_device.sh, lean_tune_device.sh,
-# v47-v55; v56 on branch v56-chains):
+# v47-v56):
 #   source "$(dirname "$0")/device_env.sh" DEFAULT_OUT [WORK_DIR [DEFAULT_LIMIT_S]]
 # OUT (default DEFAULT_OUT) created, the working directory set to the repository root, `stamp MSG` printing the
 # seconds since this point, `left` the seconds left of LIMIT_S (default DEFAULT_LIMIT_S, else 560) since this point,

@@ -66,6 +66,28 @@ enum class LeanInst : int { kGeneral, kLeafOnly, kWarpOnly };
 #define KVPACK_LEAN_GEN_MINB 3
 #endif
 constexpr bool kLeanGenFour = KVPACK_LEAN_GEN_MINB >= 4;
+// v56 (bench/NOTES.md), q formats: the scores' HMMA chains per unit (1 or 2) and the V scale bytes gathered one per
+// lane then shuffled (1) or two per lane (0). -D overrides them for A/B builds.
+#ifndef KVPACK_LEAN_SCORE_CHAINS
+#define KVPACK_LEAN_SCORE_CHAINS 2
+#endif
+#ifndef KVPACK_LEAN_VSCALE_COOP
+#define KVPACK_LEAN_VSCALE_COOP 1
+#endif
+// v57: the q formats' lazy leaf max (KVPACK_LEAN_LAZY log2 units of slack, <= 6 for f16's range; 0: a rescale every
+// step, as before).
+#ifndef KVPACK_LEAN_LAZY
+#define KVPACK_LEAN_LAZY 4
+#endif
+// v58: the scores' masks only on steps that hold masked tokens (same bits; 0: on every step, as before).
+#ifndef KVPACK_LEAN_TAIL_MASK
+#define KVPACK_LEAN_TAIL_MASK 1
+#endif
+// v57b: with the lazy max, the row reduction only on steps whose lanes vote that a rescale follows (same bits).
+#ifndef KVPACK_LEAN_LAZY_VOTE
+#define KVPACK_LEAN_LAZY_VOTE 1
+#endif
+static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY x 2^8 must fit f16");
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
@@ -633,17 +655,37 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         sv |= __shfl_xor_sync(0xffffffffu, sv, 1);
         sv |= __shfl_xor_sync(0xffffffffu, sv, 2);
         const float tk0 = tau_s[sv & 0xffu], tk8 = tau_s[(sv >> 8) & 0xffu];
+        // KVPACK_LEAN_SCORE_CHAINS (v56): the k-blocks' products accumulate in that many independent chains (kb
+        // modulo the count), summed in a fixed order at the end (2: the even and the odd k-blocks, then c += c'),
+        // so that the unit's HMMAs are not one dependent chain of kKB. Part of the numerical definition (every plan
+        // and instance runs the same sums).
         float c[4] = {0.f, 0.f, 0.f, 0.f};
+        float c2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int kb = 0; kb < kKB; ++kb)  // groups 2 kb (a0: token g, a1: token g + 8) and 2 kb + 1 (a2, a3)
-          mma_f16_full(c, lean_q_pair<LK>(k0, s0, 2 * kb), lean_q_pair<LK>(k8, s8, 2 * kb),
-                       lean_q_pair<LK>(k0, s0, 2 * kb + 1), lean_q_pair<LK>(k8, s8, 2 * kb + 1), qb[kb][0], qb[kb][1]);
-        const int ta = t0 + 16 * u + g;
-        const bool v0 = ta < len32 && ta >= n_sink, v8 = ta + 8 < len32 && ta + 8 >= n_sink;
-        sc[u][0] = v0 ? fmaf(tk0, fmaf(c[0], un0, -qo0), cz0) : -INFINITY;
-        sc[u][1] = v0 ? fmaf(tk0, fmaf(c[1], un1, -qo1), cz1) : -INFINITY;
-        sc[u][2] = v8 ? fmaf(tk8, fmaf(c[2], un0, -qo0), cz0) : -INFINITY;
-        sc[u][3] = v8 ? fmaf(tk8, fmaf(c[3], un1, -qo1), cz1) : -INFINITY;
+          mma_f16_full(KVPACK_LEAN_SCORE_CHAINS == 2 && kb % 2 ? c2 : c, lean_q_pair<LK>(k0, s0, 2 * kb),
+                       lean_q_pair<LK>(k8, s8, 2 * kb), lean_q_pair<LK>(k0, s0, 2 * kb + 1),
+                       lean_q_pair<LK>(k8, s8, 2 * kb + 1), qb[kb][0], qb[kb][1]);
+        if constexpr (KVPACK_LEAN_SCORE_CHAINS == 2)
+          c[0] = __fadd_rn(c[0], c2[0]), c[1] = __fadd_rn(c[1], c2[1]), c[2] = __fadd_rn(c[2], c2[2]),
+          c[3] = __fadd_rn(c[3], c2[3]);
+        sc[u][0] = fmaf(tk0, fmaf(c[0], un0, -qo0), cz0);
+        sc[u][1] = fmaf(tk0, fmaf(c[1], un1, -qo1), cz1);
+        sc[u][2] = fmaf(tk8, fmaf(c[2], un0, -qo0), cz0);
+        sc[u][3] = fmaf(tk8, fmaf(c[3], un1, -qo1), cz1);
+      }
+      // Tokens outside [n_sink, len) (the sink pool's positions, the sequence's end) score -inf. v58: only a step
+      // that holds such tokens runs the masks (a warp-uniform branch; the same scores either way).
+      if (KVPACK_LEAN_TAIL_MASK == 0 || t0 < n_sink || t0 + kLeanStepTok > len32) {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int ta = t0 + 16 * u + g;
+          const bool v0 = ta < len32 && ta >= n_sink, v8 = ta + 8 < len32 && ta + 8 >= n_sink;
+          sc[u][0] = v0 ? sc[u][0] : -INFINITY;
+          sc[u][1] = v0 ? sc[u][1] : -INFINITY;
+          sc[u][2] = v8 ? sc[u][2] : -INFINITY;
+          sc[u][3] = v8 ? sc[u][3] : -INFINITY;
+        }
       }
     } else
 #pragma unroll
@@ -666,17 +708,21 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
       sc[u][3] = ta + 8 < len32 ? c[3] * qe1 : -INFINITY;
     }
     // ---- online softmax of the leaf over this step ----
-    float mx0 = fmaxf(m0, fmaxf(fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[1][0], sc[1][2])));
-    float mx1 = fmaxf(m1, fmaxf(fmaxf(sc[0][1], sc[0][3]), fmaxf(sc[1][1], sc[1][3])));
+    // The lane's own maxima of its rows (heads 2q, 2q + 1), then (row_max) over the row's 8 lanes.
+    const float lm0 = fmaxf(fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[1][0], sc[1][2]));
+    const float lm1 = fmaxf(fmaxf(sc[0][1], sc[0][3]), fmaxf(sc[1][1], sc[1][3]));
+    float mx0, mx1;
+    auto row_max = [&] {
+      mx0 = fmaxf(m0, lm0);
+      mx1 = fmaxf(m1, lm1);
 #pragma unroll
-    for (int x = 4; x < 32; x <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-    }
-    const float r0 = mx0 == -INFINITY ? 0.f : mx0, r1 = mx1 == -INFINITY ? 0.f : mx1;
-    if (cs % kLeafSteps != 0) {
-      // Rescale the leaf's sums to the new max. A leaf's first step skips it: its sums are still zero (x 0 = 0).
-      const float al0 = lean_ex2(m0 - r0), al1 = lean_ex2(m1 - r1);
+      for (int x = 4; x < 32; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+      }
+    };
+    // Rescale the leaf's sums by al0, al1 (the old reference max over the new one).
+    auto rescale = [&](float al0, float al1) {
       l0 *= al0;
       l1 *= al1;
       if constexpr (kLaneQ) {
@@ -690,9 +736,46 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         o[mb][2] *= al0;
         o[mb][3] *= al1;
       }
+    };
+    float r0, r1;
+    if constexpr (kLaneQ && KVPACK_LEAN_LAZY > 0) {
+      // v57 (q formats): the leaf's reference max m is set by its first step and moves only when a step's max passes
+      // it by more than KVPACK_LEAN_LAZY (log2 units), so most steps skip the rescale. The weights p = 2^(s - m)
+      // then stay <= 2^LAZY, and p tau_V < 2^LAZY x 2^8 fits f16. The rescale runs for the whole warp when any of its
+      // heads moves (the others by exactly 1). Part of the numerical definition: a leaf's sums depend on its tokens
+      // only, as before, so every plan and instance gives the same bits.
+      constexpr float kLazy = static_cast<float>(KVPACK_LEAN_LAZY);
+      if (cs % kLeafSteps == 0) {
+        row_max();
+        m0 = mx0;  // a leaf's first step: its sums are still zero
+        m1 = mx1;
+      } else {
+        // v57b (KVPACK_LEAN_LAZY_VOTE): a row's max passes m + LAZY exactly when one of its lanes' own maxima does,
+        // so the warp votes on the lanes' maxima and reduces over the row only when a rescale follows: the same
+        // decision and the same values as reducing first (same bits), without the 6 shuffles on most steps.
+        bool any_up = true;
+        if constexpr (KVPACK_LEAN_LAZY_VOTE) any_up = __any_sync(0xffffffffu, lm0 > m0 + kLazy || lm1 > m1 + kLazy);
+        if (any_up) {
+          row_max();
+          const bool up0 = mx0 > m0 + kLazy, up1 = mx1 > m1 + kLazy;  // m = -inf: any finite max moves it
+          if (KVPACK_LEAN_LAZY_VOTE || __any_sync(0xffffffffu, up0 || up1)) {  // the vote already said so
+            rescale(up0 ? lean_ex2(m0 - mx0) : 1.f, up1 ? lean_ex2(m1 - mx1) : 1.f);
+            m0 = up0 ? mx0 : m0;
+            m1 = up1 ? mx1 : m1;
+          }
+        }
+      }
+      r0 = m0 == -INFINITY ? 0.f : m0;
+      r1 = m1 == -INFINITY ? 0.f : m1;
+    } else {
+      row_max();
+      r0 = mx0 == -INFINITY ? 0.f : mx0;
+      r1 = mx1 == -INFINITY ? 0.f : mx1;
+      // A leaf's first step skips the rescale: its sums are still zero (x 0 = 0).
+      if (cs % kLeafSteps != 0) rescale(lean_ex2(m0 - r0), lean_ex2(m1 - r1));
+      m0 = mx0;
+      m1 = mx1;
     }
-    m0 = mx0;
-    m1 = mx1;
     // ---- P.V ----
     if constexpr (kLaneQ) {
 #pragma unroll
@@ -704,8 +787,17 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         const uint32_t la = v0[LV::kScaleSlot], lb = v1[LV::kScaleSlot];
         const uint32_t bal0 = __ballot_sync(0xffffffffu, (la >> 15) & 1u), bal1 = __ballot_sync(0xffffffffu, la >> 31);
         const uint32_t bal2 = __ballot_sync(0xffffffffu, (lb >> 15) & 1u), bal3 = __ballot_sync(0xffffffffu, lb >> 31);
+#if KVPACK_LEAN_VSCALE_COOP
+        // v56: lane l gathers the byte of the unit's token l % 16 (tokens 0-7: ballots 0 / 1 by parity, 8-15: 2 / 3)
+        // and looks up its scale; lanes g and 8 + g hand tokens g and g + 8 to the lanes that need them (the same
+        // values as each lane gathering both itself: one byte gathered per lane instead of two).
+        const int tj = lane & 15;
+        const float tj_tau = tau_s[lean_ballot_byte(tj < 8 ? (tj & 1 ? bal1 : bal0) : (tj & 1 ? bal3 : bal2), (tj & 7) >> 1)];
+        const float tv0 = __shfl_sync(0xffffffffu, tj_tau, g), tv8 = __shfl_sync(0xffffffffu, tj_tau, g + 8);
+#else
         const float tv0 = tau_s[lean_ballot_byte(g & 1 ? bal1 : bal0, g >> 1)];
         const float tv8 = tau_s[lean_ballot_byte(g & 1 ? bal3 : bal2, g >> 1)];
+#endif
         const float p0 = lean_ex2(sc[u][0] - r0), p1 = lean_ex2(sc[u][1] - r1);
         const float p2 = lean_ex2(sc[u][2] - r0), p3 = lean_ex2(sc[u][3] - r1);
         l0 += p0 + p2;
@@ -1394,9 +1486,8 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // - q3 at head_dim 128 (1.03-1.08x at 32q/8kv batch 8-64, up to 1.08x at 8q/1kv; H200, v54: 1.07-1.10x; q4
   //   0.96-1.00x on its 2-stage ring, q3.5 0.98-1.02x), and there without the mixed grid, whose rule counts the
   //   general instance's 3 CTAs per SM (pure warp mode on 4 CTAs per SM measured 1.04-1.08x over it in those cells);
-  // - not yet at head_dim 64: there it measured 1.05-1.12x for every q format (v54, H200, 9q/3kv/64, batch 8-64 x
-  //   32k-128k and 64 x 8k, the mixed rule unchanged), but no GPU test has run the warp-only instance at head_dim 64
-  //   yet (DecodeGpu.LeanInstancesAtHeadDim64GiveTheSameBits, added after that run): the default waits for it.
+  // - every q format at head_dim 64, where the mixed rule does not mix (v54, H200, 9q/3kv/64, batch 8-64 x 32k-128k
+  //   and 64 x 8k: 1.05-1.12x; same bits: DecodeGpu.LeanInstancesAtHeadDim64GiveTheSameBits).
   // KVPACK_LEAN_WARP_ONLY=0 keeps the general instance, = 1 takes the warp-only one for every q format where the mixed
   // rule does not mix (v52's "new"; with KVPACK_LEAN_MIX=0 also there: v52's "nomix") (measurement).
   // lean_force_warp_only_instance (tests) takes it wherever it has more CTAs per SM, the mixed rule unchanged.
@@ -1404,10 +1495,10 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const bool wo_forced = g_force_warp_only.load(std::memory_order_relaxed);
   bool warp_only = false;
   if constexpr (B2 != 0)
-    warp_only = !leaf && (warp_only_env >= 0 ? warp_only_env != 0 : wo_forced || (D == 128 && B2 == 6)) &&
+    warp_only = !leaf && (warp_only_env >= 0 ? warp_only_env != 0 : wo_forced || D == 64 || B2 == 6) &&
                 !g_force_general.load(std::memory_order_relaxed) &&
                 lean_prepare<D, B2, LeanInst::kWarpOnly>() > lean_prepare<D, B2>();
-  if (warp_only && warp_only_env < 0 && !wo_forced && mix_forced <= 0 && mix_env < 0) mix = 0;
+  if (warp_only && warp_only_env < 0 && !wo_forced && D == 128 && mix_forced <= 0 && mix_env < 0) mix = 0;
   if (mix > 0)
     grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
