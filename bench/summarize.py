@@ -175,8 +175,43 @@ def write_share(path):
         print(f"| {f} | {qo}q | {b} | " + " | ".join(cells) + " |")
 
 
+def step_speedup(path):
+    """A whole decode step of one layer (the write of `batch` tokens, then attention) against fp8's, per q format:
+    what a serving loop sees, where the attention-only ratios leave the write out."""
+    rows = [r for r in load_rows(path) if is_kvpack(r)]
+    dec = {(r["format"], r["num_qo_heads"], r["num_kv_heads"], r["batch"], r["context"]): r["median_us"]
+           for r in rows if r.get("kind") == "decode"}
+    wr = {(r["format"], r["num_qo_heads"], r["num_kv_heads"], r["num_tokens"]): r["median_us"] for r in rows
+          if r.get("kind") == "write"}
+    fmts = [f for f in TARGET_SPEEDUP if any(k[0] == f for k in dec)]
+    shapes = sorted({(k[1], k[2]) for k in dec if k[0] == "fp8"}, reverse=True)
+    ctxs = sorted({k[4] for k in dec})
+    if not fmts or not any(("fp8",) + sh + (1,) in wr for sh in shapes):
+        return
+    print("\n### A decode step with its write: (fp8 write + attention) / (format's write + attention)\n")
+    print("Attention alone in parentheses. The write stores `batch` tokens of one layer (K and V), as a decode step "
+          "does before its attention.\n")
+    print("| format | shape | batch | " + " | ".join(f"{c // 1024}k" for c in ctxs) + " |")
+    print("|---|---|---|" + "---|" * len(ctxs))
+    for f in fmts:
+        for qo, kv in shapes:
+            for b in sorted({k[3] for k in dec if k[1:3] == (qo, kv)}):
+                if (f, qo, kv, b) not in wr or ("fp8", qo, kv, b) not in wr:
+                    continue
+                cells = []
+                for c in ctxs:
+                    a, fa = dec.get((f, qo, kv, b, c)), dec.get(("fp8", qo, kv, b, c))
+                    if a is None or fa is None:
+                        cells.append("")
+                        continue
+                    step = (fa + wr[("fp8", qo, kv, b)]) / (a + wr[(f, qo, kv, b)])
+                    cells.append(f"{step:.2f}x ({fa / a:.2f}x)")
+                print(f"| {f} | {qo}q/{kv}kv | {b} | " + " | ".join(cells) + " |")
+
+
 if __name__ == "__main__":
     main(sys.argv[1])
     print()
     targets(sys.argv[1])
     write_share(sys.argv[1])
+    step_speedup(sys.argv[1])
