@@ -186,7 +186,7 @@ def step_speedup(path):
     fmts = [f for f in TARGET_SPEEDUP if any(k[0] == f for k in dec)]
     shapes = sorted({(k[1], k[2]) for k in dec if k[0] == "fp8"}, reverse=True)
     ctxs = sorted({k[4] for k in dec})
-    if not fmts or not any(("fp8",) + sh + (1,) in wr for sh in shapes):
+    if not fmts or not any(k[0] == "fp8" for k in wr):
         return
     print("\n### A decode step with its write: (fp8 write + attention) / (format's write + attention)\n")
     print("Attention alone in parentheses. The write stores `batch` tokens of one layer (K and V), as a decode step "

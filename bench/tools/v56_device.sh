@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# One device call (bench/NOTES.md v56, v57; branch v56-chains): the lean kernel with the scores' HMMAs in two chains
-# per unit, the V scale bytes gathered one per lane, and the q formats' lazy leaf max (new, the branch's defaults),
-# A/B in one call against three builds beside it: base (-DKVPACK_LEAN_SCORE_CHAINS=1 -DKVPACK_LEAN_VSCALE_COOP=0
-# -DKVPACK_LEAN_LAZY=0: main's kernel), coop (the V scale change and v58's masks only on steps that need them: same bits as base) and lazy (coop + the lazy
-# max, with v57b's vote: KVPACK_LEAN_LAZY_VOTE=1, same bits); on an H200 also the warp-only instance forced for every q format (wo, on the new build). Then the new build's
-# GPU tests (bitwise, random shapes, the head_dim-64 instances, mixed grid, merge slices, 128k, empty, graph) and the
-# grid with FlashInfer while time is left. Carry [".whl"]. Files in $OUT: ab.json, bench_fi.json, log.txt.
+# One device call (bench/NOTES.md v56-v58; branch v56-chains, merged): the lean kernel as the branch left it (new:
+# two score HMMA chains per unit, V scale bytes gathered one per lane, score masks only on steps that need them, the
+# q formats' lazy leaf max with v57b's vote, the warp-only instance at head_dim 64), A/B in one call against three
+# builds beside it: base (-DKVPACK_LEAN_SCORE_CHAINS=1 -DKVPACK_LEAN_VSCALE_COOP=0 -DKVPACK_LEAN_LAZY=0
+# -DKVPACK_LEAN_TAIL_MASK=0: the kernel before), coop (the V scale change and the masks: same bits as base) and lazy
+# (coop + the lazy max and its vote); on an H200 also the warp-only instance forced for every q format (wo, on the
+# new build). Then the new build's GPU tests (bitwise, random shapes, the head_dim-64 instances, mixed grid, merge
+# slices, 128k, empty, graph) and the grid with FlashInfer while time is left. Carry [".whl"]. Files in $OUT:
+# ab.json, bench_fi.json, log.txt.
 #   LIMIT_S=560 bash bench/tools/v56_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v56_out /tmp/v56_work 560
 side_build() {  # side_build DIR FLAGS: kvpack_cli with those CUDA flags into DIR, in the background
@@ -28,7 +30,7 @@ for r in 1 2; do
   ab_bench new $r
   [ $h200 = 1 ] && ab_bench wo $r KVPACK_LEAN_WARP_ONLY=1
 done
-AB_TITLE="v56-v58: base (main) vs coop (V scales per lane, tail masks) vs lazy (+ lazy max, vote) vs new (+ 2 score chains, WO at D=64) [vs wo on H200]"
+AB_TITLE="v56-v58: base vs coop (V scales per lane, tail masks) vs lazy (+ lazy max, vote) vs new (+ 2 score chains)"
 ab_done ab
 FIRST='DecodeGpu.RandomShapes*:DecodeGpu.BitwiseIdentical*:DecodeGpu.LeanInstances*'
 gpu_tests tests_first $(( $(left) - 60 )) "$FIRST"

@@ -490,9 +490,9 @@ TEST(DecodeGpu, BitwiseIdenticalAcrossPlansBatchOrderAndRuns) {
 
 // The lean kernel's instances at head_dim 64 (q formats, SmolLM2's 9q/3kv): leaf and warp mode, each on the general
 // instance, on the launcher's choice, and with the warp-only instance forced (4 CTAs per SM against the general one's
-// 3 on the H100 and H200; measured 1.05-1.12x faster there in warp mode, bench/NOTES.md v54, but not the default until
-// this test has passed on a GPU) give the same bits as a plain plan, which is checked against fp64. A 20,001-token
-// sequence is 40 chunks (three fold groups), so warp mode's 8 splits give warps several chunks each.
+// 3 on the H100 and H200; measured 1.05-1.12x faster there in warp mode, bench/NOTES.md v54; the launcher's default
+// in warp mode since this test passed, v56) give the same bits as a plain plan, which is checked against fp64. A
+// 20,001-token sequence is 40 chunks (three fold groups), so warp mode's 8 splits give warps several chunks each.
 TEST(DecodeGpu, LeanInstancesAtHeadDim64GiveTheSameBits) {
   KVPACK_REQUIRE_GPU();
   std::mt19937 rng(2718);
