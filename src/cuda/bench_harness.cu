@@ -231,7 +231,7 @@ DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_co
 DecodeBench::~DecodeBench() = default;
 
 DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table,
-                                      int iters, bool fallback, bool eager, int leaf) {
+                                      int iters, bool fallback, bool eager, int leaf, bool with_write) {
   Impl& m = *impl_;
   const DecodeShape& s = m.shape;
   KVPACK_CHECK(batch <= m.max_batch && context <= m.max_context, "bench: batch {} x context {} exceeds the pool",
@@ -280,9 +280,40 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   // The fills above (q, status, workspace) ran on the legacy default stream, which a non-blocking stream does not
   // wait for: finish them before the first launch.
   KVPACK_CUDA_CHECK(cudaDeviceSynchronize());
+  // with_write: each rotation's step first writes one fresh token per sequence into its last position (context - 1),
+  // through that rotation's own page table, so the attention that follows reads it.
+  const size_t wn = size_t(batch) * s.num_kv_heads * s.head_dim;
+  uint16_t* wkv = nullptr;
+  int32_t* wslots = nullptr;
+  if (with_write) {
+    wkv = dmalloc<uint16_t>(wn * 2 * rot);
+    random_bf16_kernel<<<(wn * 2 * rot + 255) / 256, 256>>>(wkv, wn * 2 * rot, m.seed + 23);
+    std::vector<int32_t> slots(size_t(rot) * batch);
+    const int64_t last = context - 1;
+    for (int r = 0; r < rot; ++r)
+      for (int b = 0; b < batch; ++b)
+        slots[size_t(r) * batch + b] =
+            tables[size_t(r) * needed + b * ppseq + last / P] * P + static_cast<int32_t>(last % P);
+    wslots = dmalloc<int32_t>(slots.size());
+    KVPACK_CUDA_CHECK(cudaMemcpy(wslots, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
+    KVPACK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   cudaStream_t cs = nullptr;
   KVPACK_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   auto launch = [&](int r) {
+    if (with_write) {
+      WriteArgs w;
+      w.k = wkv + wn * 2 * r;
+      w.v = wkv + wn * (2 * r + 1);
+      w.slot_mapping = wslots + size_t(r) * batch;
+      w.num_tokens = batch;
+      w.k_pool = m.k_pool;
+      w.v_pool = m.v_pool;
+      w.num_pages = m.num_pages;
+      w.params = m.params;
+      w.status = status;
+      write_kv(m.layout, w, cs);
+    }
     a.table = view_of(BlockTable{tables_d + size_t(r) * needed, lens_d, static_cast<int>(ppseq), batch});
     run_decode(plan, a, cs);
   };
@@ -364,6 +395,8 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   cudaFree(out);
   cudaFree(status);
   cudaFree(ws);
+  cudaFree(wkv);
+  cudaFree(wslots);
   return t;
 }
 

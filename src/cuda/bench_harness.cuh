@@ -56,8 +56,11 @@ class DecodeBench {
   // replays its decode step, and as bench/flashinfer/fi_bench.py times FlashInfer), or as eager launches when `eager`
   // or when the capture fails (DecodeTiming::timing says which).
   // leaf >= 0 sets the plan's lean-kernel mode (DecodePlan::leaf; q4 / q3.5 / q3 only).
+  // with_write: time a whole decode step of one layer instead, as a server runs it: the write of one new token per
+  // sequence (fresh bf16 K/V into each sequence's last position, write_kv) and then attention over the context,
+  // both in the same graph (or eager stream), so the write's launch and tail overlap as they would in serving.
   DecodeTiming time_decode(int batch, int64_t context, int splits, int stages, const TuningTable* table, int iters,
-                           bool fallback = false, bool eager = false, int leaf = -1);
+                           bool fallback = false, bool eager = false, int leaf = -1, bool with_write = false);
   WriteTiming time_write(int num_tokens, int iters);
   double fill_ms() const { return fill_ms_; }
 

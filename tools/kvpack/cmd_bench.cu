@@ -76,6 +76,7 @@ struct Opts {
   std::string json_path;
   double probe_gb = 4.0;
   bool eager = false;
+  bool step = false;
   int leaf = -1;
   std::string pages = "shuffled";
 };
@@ -107,6 +108,7 @@ int run_bench(const Opts& o) {
   };
   // (shape, batch, context) -> fp8 median, for the speedups
   std::map<std::tuple<int, int, int, int, int64_t>, double> fp8_us;
+  std::map<std::tuple<int, int, int, int, int64_t>, double> fp8_step_us;  // the same for --step rows
   for (const auto& sh : shapes) {
     for (kvpack::Format f : formats) {
       if (!kvpack::paged_format_supported(f)) {
@@ -140,6 +142,18 @@ int run_bench(const Opts& o) {
                         {"lean_warps", li->splits}, {"lean_ctas_per_sm", li->ctas_per_sm}, {"lean_instance", instance}});
           if (f == kvpack::Format::fp8) fp8_us[{sh.qo, sh.kv, sh.d, b, c}] = t.median_us;
           rows.push_back(row);
+          if (o.step) {
+            // The whole decode step of one layer (write of one token per sequence, then attention) in one graph.
+            auto st = bench.time_decode(b, c, o.splits, o.stages, table.get(), o.iters, fallback, o.eager, leaf, true);
+            auto srow = base_row(f, sh);
+            srow.update({{"kind", "step"}, {"batch", b}, {"context", c}, {"median_us", st.median_us},
+                         {"min_us", st.min_us}, {"attention_us", t.median_us}, {"num_tokens", b},
+                         {"timing", st.timing}});
+            if (f == kvpack::Format::fp8) fp8_step_us[{sh.qo, sh.kv, sh.d, b, c}] = st.median_us;
+            rows.push_back(srow);
+            fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us step (write {} tokens + attention)\n",
+                       kvpack::format_name(f), sh.qo, sh.kv, sh.d, b, c, st.median_us, b);
+          }
           fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us {:>6.3f} TB/s ({:>5.1f}% of read) {} {}\n",
                      kvpack::format_name(f), sh.qo, sh.kv, sh.d, b, c, t.median_us, t.bandwidth_tbs,
                      100 * t.bandwidth_tbs / read_bw, t.timing,
@@ -166,10 +180,11 @@ int run_bench(const Opts& o) {
     }
   }
   for (auto& r : rows) {
-    if (r["kind"] != "decode") continue;
-    auto it = fp8_us.find({r["num_qo_heads"].get<int>(), r["num_kv_heads"].get<int>(), r["head_dim"].get<int>(),
+    if (r["kind"] != "decode" && r["kind"] != "step") continue;
+    const auto& ref = r["kind"] == "decode" ? fp8_us : fp8_step_us;
+    auto it = ref.find({r["num_qo_heads"].get<int>(), r["num_kv_heads"].get<int>(), r["head_dim"].get<int>(),
                            r["batch"].get<int>(), r["context"].get<int64_t>()});
-    if (it != fp8_us.end()) r["speedup_vs_fp8"] = it->second / r["median_us"].get<double>();
+    if (it != ref.end()) r["speedup_vs_fp8"] = it->second / r["median_us"].get<double>();
   }
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
@@ -202,6 +217,9 @@ kvpack::cli::Runner setup(CLI::App* app) {
                   "Page order of every sequence: 'shuffled' (a serving pool's, default) or 'contiguous' (each sequence's "
                   "pages in pool order; rows' \"page_order\")")
       ->check(CLI::IsMember({"shuffled", "contiguous"}));
+  app->add_flag("--step", o->step,
+                "Also time each cell's whole decode step of one layer: the write of one new token per sequence, then "
+                "attention, in one graph (rows with \"kind\": \"step\" and their \"speedup_vs_fp8\" over fp8's step)");
   app->add_flag("--eager", o->eager,
                 "Time eager stream launches instead of CUDA-graph replays of the launches (rows' \"timing\")");
   return [o] { return run_bench(*o); };
