@@ -175,6 +175,29 @@ def write_share(path):
         print(f"| {f} | {qo}q | {b} | " + " | ".join(cells) + " |")
 
 
+def measured_steps(rows, dec, fmts):
+    """`kvpack bench --step` rows: the whole step (write of `batch` tokens, then attention) timed in one graph, so the
+    write's launch and tail overlap as in serving. Per cell: fp8's step / the format's step, then the format's own
+    step minus its attention alone (the time the write adds)."""
+    st = {(r["format"], r["num_qo_heads"], r["num_kv_heads"], r["batch"], r["context"]): r["median_us"]
+          for r in rows if r.get("kind") == "step"}
+    if not st or not any(k[0] == "fp8" for k in st):
+        return
+    print("\n### A decode step measured whole (`--step`: write of `batch` tokens, then attention, in one graph)\n")
+    print("fp8's step / the format's step; in parentheses attention alone (fp8 / format), then what the write adds "
+          "to the format's step (step - attention, us).\n")
+    print("| format | shape | batch | context | step | fp8 step us | format step us |")
+    print("|---|---|---|---|---|---|---|")
+    for f in ["fp8"] + fmts:
+        for k in sorted(k for k in st if k[0] == f):
+            fk = ("fp8",) + k[1:]
+            if fk not in st or k not in dec or fk not in dec:
+                continue
+            ratio = st[fk] / st[k]
+            print(f"| {f} | {k[1]}q/{k[2]}kv | {k[3]} | {k[4] // 1024}k | {ratio:.2f}x ({dec[fk] / dec[k]:.2f}x), "
+                  f"+{st[k] - dec[k]:.1f} us | {st[fk]:.1f} | {st[k]:.1f} |")
+
+
 def step_speedup(path):
     """A whole decode step of one layer (the write of `batch` tokens, then attention) against fp8's, per q format:
     what a serving loop sees, where the attention-only ratios leave the write out."""
@@ -186,6 +209,7 @@ def step_speedup(path):
     fmts = [f for f in TARGET_SPEEDUP if any(k[0] == f for k in dec)]
     shapes = sorted({(k[1], k[2]) for k in dec if k[0] == "fp8"}, reverse=True)
     ctxs = sorted({k[4] for k in dec})
+    measured_steps(rows, dec, fmts)
     if not fmts or not any(k[0] == "fp8" for k in wr):
         return
     print("\n### A decode step with its write: (fp8 write + attention) / (format's write + attention)\n")
