@@ -148,6 +148,7 @@ int run_bench(const Opts& o) {
             auto srow = base_row(f, sh);
             srow.update({{"kind", "step"}, {"batch", b}, {"context", c}, {"median_us", st.median_us},
                          {"min_us", st.min_us}, {"attention_us", t.median_us}, {"num_tokens", b},
+                         {"bandwidth_tbs", st.bandwidth_tbs}, {"bytes", st.bytes},  // the cache's bytes / step time
                          {"timing", st.timing}});
             if (f == kvpack::Format::fp8) fp8_step_us[{sh.qo, sh.kv, sh.d, b, c}] = st.median_us;
             rows.push_back(srow);
