@@ -144,6 +144,19 @@ struct DecodeBench::Impl {
     cudaFree(perm_d);
     for (void* p : owned) cudaFree(p);
   }
+  // The write of n tokens (bf16 K and V, their slots) into this pool, with its format's parameters.
+  WriteArgs write_args(const uint16_t* k, const uint16_t* v, const int32_t* slots, int n) const {
+    WriteArgs a;
+    a.k = k;
+    a.v = v;
+    a.slot_mapping = slots;
+    a.num_tokens = n;
+    a.k_pool = k_pool;
+    a.v_pool = v_pool;
+    a.num_pages = num_pages;
+    a.params = params;
+    return a;
+  }
   template <class T>
   const T* upload(const std::vector<T>& h) {
     T* d = dmalloc<T>(h.size());
@@ -206,16 +219,7 @@ DecodeBench::DecodeBench(const DecodeShape& shape, int max_batch, int64_t max_co
     random_bf16_kernel<<<(ne + 255) / 256, 256>>>(k, ne, seed * 1000003 + t0 * 2);
     random_bf16_kernel<<<(ne + 255) / 256, 256>>>(v, ne, seed * 1000003 + t0 * 2 + 1);
     slots_kernel<<<(n + 255) / 256, 256>>>(slots, m.perm_d, t0, n, shape.page_size);
-    WriteArgs a;
-    a.k = k;
-    a.v = v;
-    a.slot_mapping = slots;
-    a.num_tokens = n;
-    a.k_pool = m.k_pool;
-    a.v_pool = m.v_pool;
-    a.num_pages = m.num_pages;
-    a.params = m.params;
-    write_kv(m.layout, a);
+    write_kv(m.layout, m.write_args(k, v, slots, n));
   }
   cudaEventRecord(ev.b);
   KVPACK_CUDA_CHECK(cudaEventSynchronize(ev.b));
@@ -302,15 +306,7 @@ DecodeTiming DecodeBench::time_decode(int batch, int64_t context, int splits, in
   KVPACK_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   auto launch = [&](int r) {
     if (with_write) {
-      WriteArgs w;
-      w.k = wkv + wn * 2 * r;
-      w.v = wkv + wn * (2 * r + 1);
-      w.slot_mapping = wslots + size_t(r) * batch;
-      w.num_tokens = batch;
-      w.k_pool = m.k_pool;
-      w.v_pool = m.v_pool;
-      w.num_pages = m.num_pages;
-      w.params = m.params;
+      WriteArgs w = m.write_args(wkv + wn * 2 * r, wkv + wn * (2 * r + 1), wslots + size_t(r) * batch, batch);
       w.status = status;
       write_kv(m.layout, w, cs);
     }
@@ -422,16 +418,7 @@ WriteTiming DecodeBench::time_write(int num_tokens, int iters) {
   int32_t* slots_d = dmalloc<int32_t>(slots.size());
   KVPACK_CUDA_CHECK(cudaMemcpy(slots_d, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
   auto launch = [&](int r) {
-    WriteArgs a;
-    a.k = kv + elems * 2 * r;
-    a.v = kv + elems * (2 * r + 1);
-    a.slot_mapping = slots_d;
-    a.num_tokens = num_tokens;
-    a.k_pool = m.k_pool;
-    a.v_pool = m.v_pool;
-    a.num_pages = m.num_pages;
-    a.params = m.params;
-    write_kv(m.layout, a);
+    write_kv(m.layout, m.write_args(kv + elems * 2 * r, kv + elems * (2 * r + 1), slots_d, num_tokens));
   };
   for (int r = 0; r < rot; ++r) launch(r);
   KVPACK_CUDA_CHECK(cudaDeviceSynchronize());
