@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include "cli_run.h"
@@ -325,6 +326,50 @@ TEST(QBlock, ScaleSearchPicksTheFirstLeastErrorCandidate) {
     ASSERT_EQ(std::memcmp(blk, enc, QB::kCodeBytes), 0);
   }
   EXPECT_GT(moved, 0);  // the search does move some bytes off the RMS choice
+}
+
+// The GPU write path's small kernel (v60) runs the scale search in pieces: the RMS sum and each candidate's error
+// from precomputed per-channel terms (scale_byte_rms_by, scale_diff + scale_error_by, U quads fetched at a time),
+// and the picked byte's 1/tau looked up by its candidate index. Each piece must give the bits of the one-call form.
+TEST(QBlock, SpreadScaleSearchPiecesGiveTheSameBits) {
+  constexpr int D = 128;
+  using QB = block::Q4Block<D>;
+  for (int e0 = 0; e0 < 256; ++e0)
+    for (int j = 0; j < QB::kScaleCandidates; ++j) {
+      const int e = QB::scale_candidate(static_cast<uint8_t>(e0), j);
+      if (e >= 0) ASSERT_EQ(QB::scale_candidate_index(static_cast<uint8_t>(e0), static_cast<uint8_t>(e)), j);
+    }
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> ud(0.05f, 0.6f);
+  std::vector<float> mean(D, 0.0f), eye(D * D, 0.0f), step(D), inv_step(D), w(D), y(D), wy(D), d(D);
+  for (int i = 0; i < D; ++i) eye[i * D + i] = 1.0f;
+  const uint8_t bits[16] = {8, 8, 5, 5, 4, 4, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0};  // one uncoded group
+  for (int c = 0; c < D; ++c) {
+    step[c] = bits[c / 8] ? ud(rng) : 0.0f;
+    inv_step[c] = bits[c / 8] ? 1.0f / step[c] : 0.0f;
+    w[c] = ud(rng) / D;
+  }
+  block::QParams p{mean.data(), eye.data(), eye.data(), step.data(), inv_step.data(), w.data(), bits};
+  for (int rep = 0; rep < 200; ++rep) {
+    const float norm = std::exp2(static_cast<float>(rep % 25 - 12));
+    for (auto& v : y) v = nd(rng) * norm;
+    for (int c = 0; c < D; ++c) wy[c] = QB::rms_term(w[c], y[c]);
+    const uint8_t e0 = QB::scale_byte_rms(p, y.data());
+    ASSERT_EQ(QB::scale_byte_rms_by<8>([&](int c, float (&a)[4], float (&b)[4]) {
+      block::load4(wy.data() + c, a);
+      block::load4(y.data() + c, b);
+    }), e0);
+    for (int j = 0; j < QB::kScaleCandidates; ++j) {
+      const int e = QB::scale_candidate(e0, j);
+      if (e < 0) continue;
+      const float inv_tau = block::decode_scale_byte_inv(static_cast<uint8_t>(e)),
+                  tau = block::decode_scale_byte(static_cast<uint8_t>(e));
+      for (int c = 0; c < D; ++c) d[c] = QB::scale_diff(y[c], inv_tau, tau, step[c], inv_step[c], bits[c / 8]);
+      const float spread = QB::scale_error_by<8>([&](int c, float (&q)[4]) { block::load4(d.data() + c, q); });
+      ASSERT_EQ(kvpack::f32_bits(spread), kvpack::f32_bits(QB::scale_error(p, y.data(), static_cast<uint8_t>(e))));
+    }
+  }
 }
 
 // The GPU write path computes transform rows in two layouts (row-major F, lanes = tokens, D/16 rows at once; or a

@@ -82,11 +82,11 @@ struct QBlock {
 
   // Centred input t_c = sanitize(x_c) - mu_c, and one transformed coefficient y_r = sum_c F[r][c] t_c (fixed order).
   // The GPU write path computes rows in parallel through these same two functions.
-  static KVPACK_HD float centre(const QParams& p, float x, int c) { return sanitize(x) - p.mean[c]; }
+  static KVPACK_HD float centre(const QParams& p, float x, int c) { return centre_of(x, p.mean[c]); }
+  static KVPACK_HD float centre_of(float x, float mu) { return sanitize(x) - mu; }  // (a mean already loaded)
   // N dot products at once (independent chains, so a GPU thread's loads and FMAs overlap), each summed over c = 0,
   // 1, ... in order, so a coefficient gets the same bits whatever N and the layout: product j is
-  // sum_c f[j * rs + c * cs] * t[j * ts + c]. Rows of row-major F: rs = stride * D, cs = 1, ts = 0; the GPU write
-  // path's transposed copy for a few tokens: rs = 0, cs = its padded row length, ts = the token row length.
+  // sum_c f[j * rs + c * cs] * t[j * ts + c]. Rows of row-major F (transform_rows): rs = stride * D, cs = 1, ts = 0.
   template <int N>
   static KVPACK_HD void dots(const float* f, int rs, int cs, const float* t, int ts, float* out) {
     float acc[N];
@@ -155,9 +155,26 @@ struct QBlock {
   // The scale byte nearest the weighted RMS of the coded coefficients (tau ~ 1 for a typical token): e0.
   static KVPACK_HD uint8_t scale_byte_rms(const QParams& p, const float* y) {
     float acc = 0.0f;
-    for (int c = 0; c < D; ++c) {
-      float wy = p.rms_weight[c] * y[c];
-      acc = fmaf(wy, y[c], acc);
+    for (int c = 0; c < D; ++c) acc = fmaf(rms_term(p.rms_weight[c], y[c]), y[c], acc);
+    return encode_scale_byte(sqrtf(acc));
+  }
+  static KVPACK_HD float rms_term(float w, float yc) { return w * yc; }
+  // The same sum from precomputed terms, channel by channel in order: quad(c, wy, y) gives channels c .. c + 3's
+  // rms_term and coefficient (the GPU write path's small kernel computes the terms on separate threads and reads them
+  // from shared memory). U quads are fetched before their FMAs; the sums are the same for every U and equal
+  // scale_byte_rms's (QBlock.SpreadScaleSearchPiecesGiveTheSameBits).
+  template <int U, class Quad>
+  static KVPACK_HD uint8_t scale_byte_rms_by(Quad&& quad) {
+    static_assert(D % (4 * U) == 0, "whole blocks of U quads");
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < D; c0 += 4 * U) {
+      float wy[U][4], yq[U][4];
+      KVPACK_UNROLL
+      for (int u = 0; u < U; ++u) quad(c0 + 4 * u, wy[u], yq[u]);
+      KVPACK_UNROLL
+      for (int u = 0; u < U; ++u)
+        KVPACK_UNROLL
+        for (int k = 0; k < 4; ++k) acc = fmaf(wy[u][k], yq[u][k], acc);
     }
     return encode_scale_byte(sqrtf(acc));
   }
@@ -165,6 +182,11 @@ struct QBlock {
   static KVPACK_HD int scale_candidate(uint8_t e0, int j) {
     const int d = (j + 1) / 2, e = static_cast<int>(e0) + (j % 2 == 1 ? -d : d);
     return e >= 0 && e <= 255 ? e : -1;
+  }
+  // The inverse: the j of byte e in the search around e0 (|e - e0| <= kScaleSearch).
+  static KVPACK_HD int scale_candidate_index(uint8_t e0, uint8_t e) {
+    const int d = static_cast<int>(e) - static_cast<int>(e0);
+    return d < 0 ? -2 * d - 1 : 2 * d;
   }
   // The search given the candidates' errors (err_of(j) for valid candidates; the GPU write path computes them on
   // separate threads and passes them in, the host calls scale_error directly).
@@ -185,12 +207,23 @@ struct QBlock {
     return scale_pick(e0, [&](int j) { return scale_error(p, y, static_cast<uint8_t>(scale_candidate(e0, j))); });
   }
   // The code of one coefficient yc of channel c (b bits, 1..8) at 1/tau = inv_tau: the mid-rise quantiser that
-  // quantize_group writes and scale_error measures.
-  static KVPACK_HD int code_of(const QParams& p, float yc, float inv_tau, int c, int b) {
+  // quantize_group writes and scale_error measures (code_of_b: with 1/s_c already loaded).
+  static KVPACK_HD int code_of_b(float yc, float inv_tau, float inv_step, int b) {
     const int top = (1 << b) - 1;
     const float t = yc * inv_tau;
-    const int k = static_cast<int>(floorf(fmaf(t, p.inv_step[c], static_cast<float>(1 << (b - 1)))));
+    const int k = static_cast<int>(floorf(fmaf(t, inv_step, static_cast<float>(1 << (b - 1)))));
     return k < 0 ? 0 : (k > top ? top : k);
+  }
+  static KVPACK_HD int code_of(const QParams& p, float yc, float inv_tau, int c, int b) {
+    return code_of_b(yc, inv_tau, p.inv_step[c], b);
+  }
+  // One channel's reconstruction difference y_c - y^_c at scale tau (1/tau = inv_tau) for a b-bit channel of step s
+  // (1/s = inv_step); 0 for uncoded channels (b outside 1..8), which adds exactly nothing to the error below.
+  static KVPACK_HD float scale_diff(float yc, float inv_tau, float tau, float step, float inv_step, int b) {
+    if (b <= 0 || b > 8) return 0.0f;
+    const float o = 0.5f * static_cast<float>((1 << b) - 1);
+    const float yh = (static_cast<float>(code_of_b(yc, inv_tau, inv_step, b)) - o) * step;
+    return fmaf(-yh, tau, yc);
   }
   // Squared reconstruction error of the coded channels of y at scale byte e: the quantiser of quantize_group and
   // the reconstruction of decode_transformed, summed channel by channel in order with explicit FMAs (no
@@ -200,14 +233,30 @@ struct QBlock {
     float err = 0.0f;
     for (int g = 0; g < kGroups; ++g) {
       const int b = p.group_bits[g];
-      if (b <= 0 || b > 8) continue;
-      const float o = 0.5f * static_cast<float>((1 << b) - 1);
+      if (b <= 0 || b > 8) continue;  // scale_diff's 0: nothing added
       for (int i = 0; i < 8; ++i) {
         const int c = 8 * g + i;
-        const float yh = (static_cast<float>(code_of(p, y[c], inv_tau, c, b)) - o) * p.step[c];
-        const float d = fmaf(-yh, tau, y[c]);
+        const float d = scale_diff(y[c], inv_tau, tau, p.step[c], p.inv_step[c], b);
         err = fmaf(d, d, err);
       }
+    }
+    return err;
+  }
+  // The error's ordered sum given the differences: quad(c, d) gives channels c .. c + 3's scale_diff (the GPU write
+  // path's small kernel computes them on separate threads first). U quads are fetched before their FMAs; the sums
+  // are the same for every U and equal scale_error's (uncoded channels add exactly 0).
+  template <int U, class Quad>
+  static KVPACK_HD float scale_error_by(Quad&& quad) {
+    static_assert(D % (4 * U) == 0, "whole blocks of U quads");
+    float err = 0.0f;
+    for (int c0 = 0; c0 < D; c0 += 4 * U) {
+      float d[U][4];
+      KVPACK_UNROLL
+      for (int u = 0; u < U; ++u) quad(c0 + 4 * u, d[u]);
+      KVPACK_UNROLL
+      for (int u = 0; u < U; ++u)
+        KVPACK_UNROLL
+        for (int k = 0; k < 4; ++k) err = fmaf(d[u][k], d[u][k], err);
     }
     return err;
   }
