@@ -43,4 +43,11 @@ LeanLaunchInfo lean_last_launch();
 // to `path` under `label`. Both return false when the stamps are not compiled in.
 bool lean_stamps_reset();
 bool lean_stamps_dump(const char* path, const char* label);
+// The q write path's small kernel (launches of up to write_small_max() tokens): tokens per CTA, 2, 4 or 8 (default
+// 2; the environment's KVPACK_WRITE_SMALL_TOK at the first call, for measurements). Tests set it to cover every tile.
+int& write_small_tokens();
+// The largest launch (tokens) the small kernel takes; larger ones take write_kv_q_kernel's tiles (default 8; the
+// environment's KVPACK_WRITE_SMALL_MAX at the first call, for measurements). Tests raise it to run every launch size
+// through the small kernel.
+int& write_small_max();
 }  // namespace kvpack

@@ -1,14 +1,34 @@
 // Paged KV write path (quantise new bf16 K/V tokens into their slots) and the whole-page dequantiser (tests).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <mutex>
 
+#include "decode_internal.cuh"
 #include "format_policy.cuh"
 #include "kvpack/block/q_lanes.h"
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
 
 namespace kvpack {
+
+int& write_small_tokens() {
+  static int t = [] {
+    const char* e = std::getenv("KVPACK_WRITE_SMALL_TOK");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 2 || v == 4 || v == 8 ? v : 2;
+  }();
+  return t;
+}
+int& write_small_max() {
+  static int t = [] {
+    const char* e = std::getenv("KVPACK_WRITE_SMALL_MAX");
+    const int v = e ? std::atoi(e) : 0;
+    return v >= 1 ? v : 8;
+  }();
+  return t;
+}
+
 namespace cuda_detail {
 
 // A token's slot -> the (page, kv head) block it lands in and its offset there. Padding (slot < 0) and slots
@@ -144,29 +164,27 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
                   kv == 1);
 }
 
-// q formats: one CTA of 512 threads per (tile of tokens, kv head, K|V). The head's forward transform F is staged in
-// shared memory once per CTA. Three forms by launch size (QWriteKind):
-//   kSmall (<= kQSmall tokens, a small decode step): F staged transposed (rows padded to D + 1), lanes = rows, each
-//     thread one row of two tokens (dots<2>), so only the real tokens are transformed (v15);
-//   kRows (up to kQTilesFrom tokens): tiles of 32 tokens, lanes = tokens, each warp its D/16 rows together
-//     (transform_rows; every F read a broadcast) (v13b);
+// q formats, launches of more than write_small_max() tokens: one CTA of 512 threads per (tile of tokens, kv head,
+// K|V). The head's forward transform F is staged in shared memory once per CTA. Two forms by launch size (QWriteKind):
+//   kRows (up to kQTilesFrom tokens: decode steps of batch 9-511): tiles of 32 tokens, lanes = tokens, each warp its
+//     D/16 rows together (transform_rows; every F read a broadcast) (v13b);
 //   kTiles (prefill): tiles of 64 tokens, each thread a register tile of D/32 rows x 4 tokens (dot_tile: 16-byte
 //     loads of F and of the centred inputs, rows padded to D + 4, 8 shared loads per 64 FMAs instead of one load
 //     per FMA) (v16: prefill 1.27x; on 16-64-token launches its 64-token tiles were 0.78-0.83x, hence kRows there).
 // The scale byte's search runs one thread per (token, candidate), the pick one thread per token; then one thread per
 // (token, group of 8 channels) quantises its group and writes its bytes. Bit-identical to the CPU encoder by
-// construction in every form: each coefficient is summed over c in order by the block core (dots / transform_rows /
+// construction in every form: each coefficient is summed over c in order by the block core (transform_rows /
 // dot_tile), the scale byte is its scale_byte_of (as scale_byte_rms, scale_error per candidate, scale_pick), each
-// group's bytes its quantize_group (what quantize() runs group by group). History in bench/NOTES.md.
+// group's bytes its quantize_group (what quantize() runs group by group). Launches of up to write_small_max() tokens
+// (decode steps) take write_kv_q_small_kernel below. History in bench/NOTES.md.
 constexpr int kQThreads = 512;
-constexpr int kQSmall = 8;
 constexpr int kQTilesFrom = 512;  // PagedWriteGpu.ByteExactVsCpuEncoder's launches fall on both sides
-enum class QWriteKind { kSmall, kRows, kTiles };
+enum class QWriteKind { kRows, kTiles };
 template <int D, QWriteKind K>
 struct QWriteGeo {
-  static constexpr bool kSmall = K == QWriteKind::kSmall, kTiles = K == QWriteKind::kTiles;
+  static constexpr bool kTiles = K == QWriteKind::kTiles;
   static constexpr int kTok = kTiles ? 64 : 32;                       // tokens per CTA
-  static constexpr int kF = kSmall ? D + 1 : kTiles ? D + 4 : D;      // F's row stride (kSmall: transposed copy)
+  static constexpr int kF = kTiles ? D + 4 : D;                       // F's row stride
   static constexpr int kRow = kTiles ? D + 4 : D + 1;                 // rows of the centred inputs / coefficients
   // F, then t_s, then y_s (kTiles writes the coefficients over t_s once all are computed).
   static constexpr size_t kSmem = sizeof(float) * (size_t(D) * kF + (kTiles ? 1 : 2) * size_t(kTok) * kRow);
@@ -183,7 +201,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D), kGroups = D / 8;
   constexpr int kTok = G::kTok, kF = G::kF, kRow = G::kRow;
   extern __shared__ __align__(16) float qsm[];
-  float* F = qsm;                                    // [D][kF] row-major, or (kSmall) transposed
+  float* F = qsm;                                    // [D][kF] row-major
   float* t_s = F + D * kF;                           // [kTok][kRow] centred inputs
   float* y_s = G::kTiles ? t_s : t_s + kTok * kRow;  // [kTok][kRow] transformed coefficients
   __shared__ float inv_tau_s[kTok];
@@ -224,23 +242,12 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
     const int i = threadIdx.x + k * kQThreads;
     const float4 f = fv[k];
     const int r = (4 * i) / D, c = (4 * i) % D;
-    if constexpr (G::kSmall) {
-      // Coalesced 16-byte reads of F's rows, transposed stores (4-way bank conflicts; lanes taking consecutive
-      // rows instead made the reads 32 separate rows per warp: 11.8 us per 1-token step, run 20261203T180826Z; this
-      // form 10.9 us, run 20261203T180915Z).
-      F[(c + 0) * kF + r] = f.x;
-      F[(c + 1) * kF + r] = f.y;
-      F[(c + 2) * kF + r] = f.z;
-      F[(c + 3) * kF + r] = f.w;
-    } else {
-      *reinterpret_cast<float4*>(F + r * kF + c) = f;
-    }
+    *reinterpret_cast<float4*>(F + r * kF + c) = f;
   }
   const uint16_t* src = kv ? v : k;
-  constexpr int kStaged = G::kSmall ? 2 * (kQThreads / D) : kTok;  // token rows the transform reads
   // Compile-time trip count (kQThreads, not blockDim.x): unrolled, the loads of all iterations are in flight together.
 #pragma unroll
-  for (int i = threadIdx.x; i < kStaged * D; i += kQThreads) {
+  for (int i = threadIdx.x; i < kTok * D; i += kQThreads) {
     const int tt = i / D, c = i % D;
     const int64_t tok = tok0 + tt;
     const float x = tok < num_tokens ? bf16_to_f32(src[(tok * num_kv_heads + head) * D + c]) : 0.f;
@@ -252,15 +259,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   p.fwd = F;  // kRows reads F's rows through transform_rows (row-major, stride D)
   p.step = step_s, p.inv_step = inv_step_s, p.rms_weight = rmsw_s, p.group_bits = gbits_s;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if constexpr (G::kSmall) {
-    // Lanes = rows: D / 32 warps cover the rows of a token pair, the 16 warps kQThreads / D pairs (>= kQSmall tokens).
-    static_assert(2 * (kQThreads / D) >= kQSmall, "one pass covers a small launch");
-    const int r = (warp % (D / 32)) * 32 + lane, tt = 2 * (warp / (D / 32));
-    float y2[2];
-    Block::template dots<2>(F + r, 0, kF, t_s + tt * kRow, kRow, y2);
-    y_s[tt * kRow + r] = y2[0];
-    y_s[(tt + 1) * kRow + r] = y2[1];
-  } else if constexpr (G::kTiles) {
+  if constexpr (G::kTiles) {
     // Thread = (row group rg: rows rg + 32 i, token group tg: tokens tg + 16 j); a warp's lanes share two row
     // groups (their F quads 4 banks apart) and cover 16 token groups (their input quads on distinct banks per
     // 8-lane phase).
@@ -354,6 +353,207 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   }
 }
 
+// The lane layout's stores (block/q_lanes.h), the last phase of every q write kernel: one thread per (token, piece)
+// of the first n tokens, the piece's bits from the token's codes (code_s[t][c], channel c) and scale byte e_s[t],
+// one 16- or 8-bit store into its unit (units_s[t], nullptr: not written) at the token's index tin_s[t]. A piece
+// holds bits of its token only, so tokens written by other launches or threads are never touched. The offsets, bits
+// and sizes all come from the one layout of the token's side (K or V).
+template <class P, int D, int N>
+__device__ __forceinline__ void store_pieces(int n, int kv, const uint8_t (&code_s)[N][D], const uint8_t* e_s,
+                                             const uint8_t* tin_s, uint8_t* const* units_s) {
+  constexpr int kLaneB2 = lane_bits_x2(P::kFormat);
+  static_assert(kLaneB2 != 0, "the q formats are stored in the lane layout");
+  using L = block::QLanes<kLaneB2, D, false>;
+  using LV = block::QLanes<kLaneB2, D, true>;
+  static_assert(L::kPieces == LV::kPieces, "K and V tokens own as many pieces");
+  for (int i = threadIdx.x; i < n * L::kPieces; i += blockDim.x) {
+    const int tt = i / L::kPieces, j = i % L::kPieces;
+    uint8_t* unit = units_s[tt];
+    if (!unit) continue;
+    auto code_of = [&](int c) { return static_cast<int>(code_s[tt][c]); };
+    auto store = [&]<class Lx>() {
+      const int o = Lx::piece_offset(tin_s[tt], j);
+      const uint16_t h = Lx::piece_value_of(code_of, e_s[tt], j);
+      if (Lx::piece_bytes(j) == 2) *reinterpret_cast<uint16_t*>(unit + o) = h;
+      else unit[o] = static_cast<uint8_t>(h);
+    };
+    if (kv) store.template operator()<LV>();
+    else store.template operator()<L>();
+  }
+}
+
+// q formats, launches of up to write_small_max() tokens (decode steps; v60, bench/NOTES.md): one CTA of 512
+// threads per (tile of T tokens, kv head, K|V), built for latency. Every phase is either spread over all threads or
+// one ordered chain per (token[, candidate]) run by separate lanes or warps at once:
+//   1. every global load issued before any shared-memory store (F, the inputs and their means, the thread's
+//      channel's constants);
+//   2. the transform: thread (row c, token pair q), dot_tile<1, 2> on F's padded rows (16-byte loads, no bank
+//      conflicts), only the pairs that hold tokens;
+//   3. the RMS choice e0: warp t runs token t's ordered sum (all lanes the same chain, broadcast reads), then lane j
+//      decodes candidate j's tau and 1/tau;
+//   4. every (token, candidate, channel) difference (the core's scale_diff) on its own thread, into a padded row per
+//      (token, candidate) (over F's space, dead by then);
+//   5. thread (token, candidate) sums its row in order (scale_error_by, 16-byte loads, rows 4 banks apart);
+//   6. thread (channel, token) picks the token's byte (scale_pick, the same on every thread) and computes its code;
+//   7. store_pieces.
+// The same sums in the same order as the CPU encoder (transform_row, scale_byte_rms, scale_error, scale_pick,
+// code_of), so the same bytes.
+template <int D, int T, int kCand>
+struct QSmallGeo {
+  static constexpr int kRow = D + 4;  // padded rows: 16-byte aligned, consecutive rows 4 banks apart
+  static constexpr int kS = T * kCand;
+  static constexpr int kFRows = D + T > kS ? D + T : kS;  // F and the inputs, later the differences
+  // F [D][kRow] + t_s [T][kRow] (later d_s [kS][kRow]), then y_s and wy_s [T][kRow].
+  static constexpr size_t kSmem = sizeof(float) * size_t(kRow) * (kFRows + 2 * T);
+};
+template <class P, int D, int T>
+__global__ void __launch_bounds__(kQThreads)
+    write_kv_q_small_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                            const int32_t* __restrict__ slots, int num_tokens, int num_kv_heads, int page_size,
+                            int64_t head_block_bytes, int64_t num_pages, uint8_t* __restrict__ k_pool,
+                            uint8_t* __restrict__ v_pool, FormatParams params, int32_t* status) {
+  using Block = typename P::template Block<D>;
+  constexpr int kCand = Block::kScaleCandidates, kCode = P::code_bytes(D);
+  using G = QSmallGeo<D, T, kCand>;
+  constexpr int kRow = G::kRow, kS = G::kS, kQ = kQThreads / D;  // kQ: threads per channel
+  static_assert(T % 2 == 0 && T / 2 <= kQ && T * D / 2 <= kQThreads && kS <= kQThreads && T <= 32,
+                "one pass of each phase covers the tile");
+  extern __shared__ __align__(16) float qsm[];
+  float* F = qsm;                              // [D][kRow]
+  float* t_s = qsm + D * kRow;                 // [T][kRow] centred inputs
+  float* d_s = qsm;                            // [kS][kRow] differences (after the transform)
+  float* y_s = qsm + G::kFRows * kRow;         // [T][kRow] coefficients
+  float* wy_s = y_s + T * kRow;                // [T][kRow] their rms_term
+  __shared__ float inv_tau_s[kS], tau_s[kS], err_s[kS];
+  __shared__ int16_t cand_s[kS];               // candidate j's scale byte, -1 outside 0..255
+  __shared__ int32_t slot_s[T];
+  __shared__ uint8_t e0_s[T], e_s[T], tin_s[T];
+  __shared__ uint8_t* units_s[T];
+  __shared__ uint8_t code_s[T][D];
+  const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
+  const int64_t tok0 = int64_t{blockIdx.x} * T;
+  const int nt = static_cast<int>(num_tokens - tok0 < T ? num_tokens - tok0 : T);
+  const block::QParams p = (kv ? params.qv : params.qk).head(head, D);
+  const int tid = threadIdx.x, c = tid % D, q = tid / D, lane = tid & 31, warp = tid >> 5;
+
+  // 1. Global loads.
+  constexpr int kFv = D * D / 4 / kQThreads;
+  static_assert(kFv * kQThreads == D * D / 4, "F is whole float4s per thread");
+  float4 fv[kFv];
+#pragma unroll
+  for (int i = 0; i < kFv; ++i) fv[i] = __ldg(reinterpret_cast<const float4*>(p.fwd) + tid + i * kQThreads);
+  // Inputs by channel pairs (4-byte loads): thread tid < T D / 2 takes channels pc, pc + 1 of token pt.
+  const int pt = 2 * tid / D, pc = 2 * tid % D;
+  const bool has_in = tid < T * D / 2 && pt < nt;
+  uint32_t xin = 0;
+  float mu0 = 0.f, mu1 = 0.f;
+  if (has_in) {
+    xin = __ldg(reinterpret_cast<const uint32_t*>((kv ? v : k) + ((tok0 + pt) * num_kv_heads + head) * D + pc));
+    mu0 = p.mean[pc], mu1 = p.mean[pc + 1];
+  }
+  const float step_c = p.step[c], inv_step_c = p.inv_step[c], w_c = p.rms_weight[c];
+  const int b_c = p.group_bits[c / 8];
+  const int32_t my_slot = tid < nt ? slots[tok0 + tid] : -1;
+  // Stores: F's rows (coalesced 16-byte stores), the centred inputs (rows of tokens past the launch's: finite zeros).
+#pragma unroll
+  for (int i = 0; i < kFv; ++i) {
+    const int f = 4 * (tid + i * kQThreads);
+    *reinterpret_cast<float4*>(F + (f / D) * kRow + f % D) = fv[i];
+  }
+  if (tid < T * D / 2) {
+    t_s[pt * kRow + pc] = has_in ? Block::centre_of(__uint_as_float(xin << 16), mu0) : 0.f;
+    t_s[pt * kRow + pc + 1] = has_in ? Block::centre_of(__uint_as_float(xin & 0xffff0000u), mu1) : 0.f;
+  }
+  if (tid < nt) slot_s[tid] = my_slot;
+  __syncthreads();
+
+  // 2. The transform: thread (row c, pair q), tokens 2q and 2q + 1 (q is warp-uniform: D >= 64).
+  if (2 * q < nt) {
+    float yt[1][2];
+    Block::template dot_tile<1, 2>(F + c * kRow, 0, t_s + 2 * q * kRow, kRow, yt);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      y_s[(2 * q + j) * kRow + c] = yt[0][j];
+      wy_s[(2 * q + j) * kRow + c] = Block::rms_term(w_c, yt[0][j]);
+    }
+  }
+  __syncthreads();
+
+  // 3. e0: warp t < nt, every lane token t's ordered sum; lane j < kCand decodes candidate j.
+  if (warp < nt) {
+    const float* yr = y_s + warp * kRow;
+    const float* wr = wy_s + warp * kRow;
+    const uint8_t e0 = Block::template scale_byte_rms_by<8>([&](int cc, float(&wq)[4], float(&yq)[4]) {
+      block::load4(wr + cc, wq);
+      block::load4(yr + cc, yq);
+    });
+    if (lane < kCand) {
+      const int e = Block::scale_candidate(e0, lane), i = warp * kCand + lane;
+      cand_s[i] = static_cast<int16_t>(e);
+      if (e >= 0) {
+        inv_tau_s[i] = block::decode_scale_byte_inv(static_cast<uint8_t>(e));
+        tau_s[i] = block::decode_scale_byte(static_cast<uint8_t>(e));
+      }
+    }
+    if (lane == 0) e0_s[warp] = e0;
+  }
+  __syncthreads();
+
+  // 4. Differences: thread (channel c, q), pairs i = q, q + kQ, ... (i warp-uniform: broadcast reads of i's tables).
+  for (int i = q; i < nt * kCand; i += kQ) {
+    if (cand_s[i] < 0) continue;
+    d_s[i * kRow + c] =
+        Block::scale_diff(y_s[(i / kCand) * kRow + c], inv_tau_s[i], tau_s[i], step_c, inv_step_c, b_c);
+  }
+  __syncthreads();
+
+  // 5. Each valid candidate's error, its row summed in order.
+  if (tid < nt * kCand && cand_s[tid] >= 0) {
+    const float* dr = d_s + tid * kRow;
+    err_s[tid] = Block::template scale_error_by<8>([&](int cc, float(&dq)[4]) { block::load4(dr + cc, dq); });
+  }
+  __syncthreads();
+
+  // 6. The pick (every thread of the token the same), the codes; thread c = 0 resolves the token's slot. The picked
+  // byte's 1/tau is its candidate's, decoded in phase 3.
+  for (int tt = q; tt < nt; tt += kQ) {
+    const float* errs = err_s + tt * kCand;
+    const uint8_t e0 = e0_s[tt], e = Block::scale_pick(e0, [&](int j) { return errs[j]; });
+    const int j = Block::scale_candidate_index(e0, e);
+    const float inv_tau = inv_tau_s[tt * kCand + j];
+    code_s[tt][c] =
+        b_c >= 1 && b_c <= 8 ? static_cast<uint8_t>(Block::code_of_b(y_s[tt * kRow + c], inv_tau, inv_step_c, b_c))
+                             : uint8_t{0};
+    if (c == 0) {
+      int off = 0;
+      uint8_t* blk = slot_block(slot_s[tt], num_pages, page_size, num_kv_heads, head, head_block_bytes,
+                                kv ? v_pool : k_pool, status, off);
+      e_s[tt] = e;
+      tin_s[tt] = static_cast<uint8_t>(off % 16);
+      units_s[tt] = blk ? blk + int64_t{off / 16} * 16 * (kCode + 1) : nullptr;
+    }
+  }
+  __syncthreads();
+
+  // 7. The stores.
+  store_pieces<P, D>(nt, kv, code_s, e_s, tin_s, units_s);
+}
+
+template <class P, int D, int T>
+void launch_write_q_small(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
+  using G = QSmallGeo<D, T, P::template Block<D>::kScaleCandidates>;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaFuncSetAttribute(write_kv_q_small_kernel<P, D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(G::kSmem));
+    cudaGetLastError();
+  });
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + T - 1) / T), static_cast<unsigned>(l.num_kv_heads * 2));
+  write_kv_q_small_kernel<P, D, T><<<grid, kQThreads, G::kSmem, st>>>(
+      a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size, l.head_block_bytes, a.num_pages, a.k_pool,
+      a.v_pool, a.params, a.status);
+}
+
 template <class P, int D, QWriteKind K>
 void launch_write_q_as(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
   using G = QWriteGeo<D, K>;
@@ -371,8 +571,12 @@ void launch_write_q_as(const PagedLayout& l, const WriteArgs& a, cudaStream_t st
 }
 template <class P, int D>
 void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
-  if (a.num_tokens <= kQSmall) launch_write_q_as<P, D, QWriteKind::kSmall>(l, a, st);
-  else if (a.num_tokens < kQTilesFrom) launch_write_q_as<P, D, QWriteKind::kRows>(l, a, st);
+  if (a.num_tokens <= write_small_max()) {
+    const int t = write_small_tokens();
+    if (t == 2) launch_write_q_small<P, D, 2>(l, a, st);
+    else if (t == 4) launch_write_q_small<P, D, 4>(l, a, st);
+    else launch_write_q_small<P, D, 8>(l, a, st);
+  } else if (a.num_tokens < kQTilesFrom) launch_write_q_as<P, D, QWriteKind::kRows>(l, a, st);
   else launch_write_q_as<P, D, QWriteKind::kTiles>(l, a, st);
 }
 

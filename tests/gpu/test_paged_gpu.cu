@@ -18,126 +18,160 @@ std::vector<Format> paged_formats() {
 }
 
 // ---------------------------------------------------------------- write path: byte-exact vs the CPU encoder
+// One ragged prefill-like launch (a 1-token sequence, a partial last page, padding slots with garbage data between
+// tokens) written on the GPU and by the CPU encoder: the pools must be equal byte for byte.
+void check_write_byte_exact(Format f, int D, int P, int H, std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << format_name(f) << " D=" << D << " P=" << P << " H=" << H);
+  const PagedLayout l = make_paged_layout(f, P, H, D);
+  // prefill-like ragged batch incl. a 1-token sequence and a partial last page
+  std::vector<int64_t> lens{1, P - 1, 3 * P + 5, 200};
+  PagedBatch pb = make_batch(l, lens, rng);
+  // padding slots interleaved: the kernel must skip them
+  std::vector<int32_t> slots = pb.slots;
+  std::vector<uint16_t> k = pb.k, v = pb.v;
+  const size_t tok_elems = size_t(H) * D;
+  std::vector<int32_t> slots2, sinks2;
+  std::vector<uint16_t> k2, v2;
+  const bool has_sinks = !pb.sink_slots.empty();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (i % 7 == 3) {  // a padding token with garbage data
+      slots2.push_back(-1);
+      sinks2.push_back(-1);
+      for (size_t e = 0; e < tok_elems; ++e) {
+        k2.push_back(0x7fc0);
+        v2.push_back(0x7fc0);
+      }
+    }
+    slots2.push_back(slots[i]);
+    sinks2.push_back(has_sinks ? pb.sink_slots[i] : -1);
+    k2.insert(k2.end(), k.begin() + i * tok_elems, k.begin() + (i + 1) * tok_elems);
+    v2.insert(v2.end(), v.begin() + i * tok_elems, v.begin() + (i + 1) * tok_elems);
+  }
+  DevBuf<uint8_t> kp(pb.k_pool.size()), vp(pb.v_pool.size());
+  kp.fill_bytes(0xA5);
+  vp.fill_bytes(0xA5);
+  DevBuf<uint16_t> dk(k2), dv(v2);
+  DevBuf<int32_t> ds(slots2), status(std::vector<int32_t>{0}), dsink(sinks2);
+  DevParams dp(pb);
+  WriteArgs a;
+  a.params = dp.params();
+  // Sink pools: poisoned, then only the sink slots of the batch written (compared with the expected pool).
+  const size_t sink_elems = pb.k_sinks.size();
+  DevBuf<uint16_t> ksk(sink_elems), vsk(sink_elems);
+  std::vector<uint16_t> exp_k(sink_elems, 0xA5A5), exp_v(sink_elems, 0xA5A5);
+  if (has_sinks) {
+    ksk.fill_bytes(0xA5);
+    vsk.fill_bytes(0xA5);
+    const size_t te = size_t(H) * D;
+    for (size_t i = 0; i < pb.sink_slots.size(); ++i) {
+      if (pb.sink_slots[i] < 0) continue;
+      std::copy_n(pb.k.begin() + i * te, te, exp_k.begin() + size_t(pb.sink_slots[i]) * te);
+      std::copy_n(pb.v.begin() + i * te, te, exp_v.begin() + size_t(pb.sink_slots[i]) * te);
+    }
+    a.sink_slot_mapping = dsink.p;
+    a.k_sinks = ksk.p;
+    a.v_sinks = vsk.p;
+    a.num_sink_rows = static_cast<int64_t>(pb.sink_rows.size());
+  }
+  a.k = dk.p;
+  a.v = dv.p;
+  a.slot_mapping = ds.p;
+  a.num_tokens = static_cast<int>(slots2.size());
+  a.k_pool = kp.p;
+  a.v_pool = vp.p;
+  a.num_pages = pb.num_pages;
+  a.status = status.p;
+  write_kv(l, a);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size()));
+  EXPECT_TRUE(bits_equal(vp.download().data(), pb.v_pool.data(), pb.v_pool.size()));
+  if (has_sinks) {
+    EXPECT_EQ(ksk.download(), exp_k);
+    EXPECT_EQ(vsk.download(), exp_v);
+  }
+  EXPECT_EQ(status.download()[0], 0);
+}
+
 TEST(PagedWriteGpu, ByteExactVsCpuEncoder) {
   KVPACK_REQUIRE_GPU();
   std::mt19937 rng(1234);
   for (Format f : paged_formats())
     for (int D : {64, 128})
       for (int P : {16, 32, 64, 128})
-        for (int H : {1, 3, 8}) {
-          SCOPED_TRACE(::testing::Message() << format_name(f) << " D=" << D << " P=" << P << " H=" << H);
-          const PagedLayout l = make_paged_layout(f, P, H, D);
-          // prefill-like ragged batch incl. a 1-token sequence and a partial last page
-          std::vector<int64_t> lens{1, P - 1, 3 * P + 5, 200};
+        for (int H : {1, 3, 8}) check_write_byte_exact(f, D, P, H, rng);
+}
+
+// The q formats' small kernel (decode steps, v60) at every launch size: the same launches with the small kernel
+// taking all of them, in tiles of 2 and 8 tokens.
+TEST(PagedWriteGpu, ByteExactThroughTheSmallKernel) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(4321);
+  const int saved_max = write_small_max(), saved_tile = write_small_tokens();
+  write_small_max() = 1 << 20;
+  for (int tile : {2, 8}) {
+    write_small_tokens() = tile;
+    for (Format f : {Format::q4, Format::q3_5, Format::q3})
+      for (int D : {64, 128})
+        for (int P : {16, 128})
+          for (int H : {1, 3}) check_write_byte_exact(f, D, P, H, rng);
+  }
+  write_small_max() = saved_max;
+  write_small_tokens() = saved_tile;
+}
+
+TEST(PagedWriteGpu, DecodeStepOneTokenPerSequence) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(77);
+  // q formats take a separate kernel for launches of <= 8 tokens (v60), in tiles of 2, 4 or 8 tokens per CTA: every
+  // tile, launches of 1-8 tokens (partial tiles), a padding slot among them, head_dim 64 and 128.
+  const int saved_tile = write_small_tokens();
+  const std::vector<std::vector<int64_t>> batches{{33}, {5, 16}, {5, 16, 17}, {5, 16, 17, 40}, {1, 2, 3, 4, 5, 6, 7},
+                                                  {9, 31, 1, 64, 100, 15, 16, 2}};
+  for (int tile : {2, 4, 8}) {
+    write_small_tokens() = tile;
+    for (Format f : paged_formats())
+      for (int D : {64, 128})
+        for (const std::vector<int64_t>& lens : batches) {
+          if (!format_info(f).calibrated && tile != 8) continue;  // the tile matters to the q formats only
+          const PagedLayout l = make_paged_layout(f, 16, 4, D);
           PagedBatch pb = make_batch(l, lens, rng);
-          // padding slots interleaved: the kernel must skip them
-          std::vector<int32_t> slots = pb.slots;
-          std::vector<uint16_t> k = pb.k, v = pb.v;
-          const size_t tok_elems = size_t(H) * D;
-          std::vector<int32_t> slots2, sinks2;
-          std::vector<uint16_t> k2, v2;
-          const bool has_sinks = !pb.sink_slots.empty();
-          for (size_t i = 0; i < slots.size(); ++i) {
-            if (i % 7 == 3) {  // a padding token with garbage data
-              slots2.push_back(-1);
-              sinks2.push_back(-1);
-              for (size_t e = 0; e < tok_elems; ++e) {
-                k2.push_back(0x7fc0);
-                v2.push_back(0x7fc0);
-              }
-            }
-            slots2.push_back(slots[i]);
-            sinks2.push_back(has_sinks ? pb.sink_slots[i] : -1);
-            k2.insert(k2.end(), k.begin() + i * tok_elems, k.begin() + (i + 1) * tok_elems);
-            v2.insert(v2.end(), v.begin() + i * tok_elems, v.begin() + (i + 1) * tok_elems);
+          DevBuf<uint8_t> kp(pb.k_pool), vp(pb.v_pool);
+          // The reference: append one more token to each sequence at position len (pages have room: extra pages
+          // used); with 3 or more sequences, the second one's token is padding (slot -1: nothing written).
+          std::vector<int32_t> slots;
+          int32_t spare = static_cast<int32_t>(pb.num_pages) - 1;
+          for (size_t b = 0; b < pb.lens.size(); ++b) {
+            const int64_t pos = pb.lens[b];
+            const int64_t np = (pos + 15) / 16;
+            const int32_t page = pos % 16 ? pb.indices[pb.indptr[b] + np - 1] : spare--;
+            slots.push_back(lens.size() >= 3 && b == 1 ? -1 : page * 16 + static_cast<int32_t>(pos % 16));
           }
-          DevBuf<uint8_t> kp(pb.k_pool.size()), vp(pb.v_pool.size());
-          kp.fill_bytes(0xA5);
-          vp.fill_bytes(0xA5);
-          DevBuf<uint16_t> dk(k2), dv(v2);
-          DevBuf<int32_t> ds(slots2), status(std::vector<int32_t>{0}), dsink(sinks2);
+          auto nk = random_bf16(slots.size() * 4 * D, rng), nv = random_bf16(slots.size() * 4 * D, rng);
+          paged_write_ref(l, pb.k_pool.data(), pb.v_pool.data(), pb.num_pages, nk.data(), nv.data(), slots.data(),
+                          static_cast<int>(slots.size()), pb.host_params());
+          DevBuf<uint16_t> dk(nk), dv(nv);
+          DevBuf<int32_t> ds(slots), status(std::vector<int32_t>{0});
           DevParams dp(pb);
           WriteArgs a;
           a.params = dp.params();
-          // Sink pools: poisoned, then only the sink slots of the batch written (compared with the expected pool).
-          const size_t sink_elems = pb.k_sinks.size();
-          DevBuf<uint16_t> ksk(sink_elems), vsk(sink_elems);
-          std::vector<uint16_t> exp_k(sink_elems, 0xA5A5), exp_v(sink_elems, 0xA5A5);
-          if (has_sinks) {
-            ksk.fill_bytes(0xA5);
-            vsk.fill_bytes(0xA5);
-            const size_t te = size_t(H) * D;
-            for (size_t i = 0; i < pb.sink_slots.size(); ++i) {
-              if (pb.sink_slots[i] < 0) continue;
-              std::copy_n(pb.k.begin() + i * te, te, exp_k.begin() + size_t(pb.sink_slots[i]) * te);
-              std::copy_n(pb.v.begin() + i * te, te, exp_v.begin() + size_t(pb.sink_slots[i]) * te);
-            }
-            a.sink_slot_mapping = dsink.p;
-            a.k_sinks = ksk.p;
-            a.v_sinks = vsk.p;
-            a.num_sink_rows = static_cast<int64_t>(pb.sink_rows.size());
-          }
           a.k = dk.p;
           a.v = dv.p;
           a.slot_mapping = ds.p;
-          a.num_tokens = static_cast<int>(slots2.size());
+          a.num_tokens = static_cast<int>(slots.size());
           a.k_pool = kp.p;
           a.v_pool = vp.p;
           a.num_pages = pb.num_pages;
           a.status = status.p;
           write_kv(l, a);
           CUDA_OK(cudaDeviceSynchronize());
-          EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size()));
-          EXPECT_TRUE(bits_equal(vp.download().data(), pb.v_pool.data(), pb.v_pool.size()));
-          if (has_sinks) {
-            EXPECT_EQ(ksk.download(), exp_k);
-            EXPECT_EQ(vsk.download(), exp_v);
-          }
+          EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size()))
+              << format_name(f) << " D " << D << " tokens " << lens.size() << " tile " << tile;
+          EXPECT_TRUE(bits_equal(vp.download().data(), pb.v_pool.data(), pb.v_pool.size()))
+              << format_name(f) << " D " << D << " tokens " << lens.size() << " tile " << tile;
           EXPECT_EQ(status.download()[0], 0);
         }
-}
-
-TEST(PagedWriteGpu, DecodeStepOneTokenPerSequence) {
-  KVPACK_REQUIRE_GPU();
-  std::mt19937 rng(77);
-  // q formats take a separate kernel for launches of <= 8 tokens (v15): 4 sequences and 1, head_dim 64 and 128.
-  for (Format f : paged_formats())
-    for (int D : {64, 128})
-      for (const std::vector<int64_t>& lens : {std::vector<int64_t>{5, 16, 17, 40}, std::vector<int64_t>{33}}) {
-    const PagedLayout l = make_paged_layout(f, 16, 4, D);
-    PagedBatch pb = make_batch(l, lens, rng);
-    DevBuf<uint8_t> kp(pb.k_pool), vp(pb.v_pool);
-    // The reference: append one more token to each sequence at position len (pages have room: extra pages used).
-    std::vector<int32_t> slots;
-    int32_t spare = static_cast<int32_t>(pb.num_pages) - 1;
-    for (size_t b = 0; b < pb.lens.size(); ++b) {
-      const int64_t pos = pb.lens[b];
-      const int64_t np = (pos + 15) / 16;
-      const int32_t page = pos % 16 ? pb.indices[pb.indptr[b] + np - 1] : spare--;
-      slots.push_back(page * 16 + static_cast<int32_t>(pos % 16));
-    }
-    auto nk = random_bf16(slots.size() * 4 * D, rng), nv = random_bf16(slots.size() * 4 * D, rng);
-    paged_write_ref(l, pb.k_pool.data(), pb.v_pool.data(), pb.num_pages, nk.data(), nv.data(), slots.data(),
-                    static_cast<int>(slots.size()), pb.host_params());
-    DevBuf<uint16_t> dk(nk), dv(nv);
-    DevBuf<int32_t> ds(slots);
-    DevParams dp(pb);
-    WriteArgs a;
-    a.params = dp.params();
-    a.k = dk.p;
-    a.v = dv.p;
-    a.slot_mapping = ds.p;
-    a.num_tokens = static_cast<int>(slots.size());
-    a.k_pool = kp.p;
-    a.v_pool = vp.p;
-    a.num_pages = pb.num_pages;
-    write_kv(l, a);
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size()))
-        << format_name(f) << " D " << D << " tokens " << lens.size();
-    EXPECT_TRUE(bits_equal(vp.download().data(), pb.v_pool.data(), pb.v_pool.size()))
-        << format_name(f) << " D " << D << " tokens " << lens.size();
-      }
+  }
+  write_small_tokens() = saved_tile;
 }
 
 TEST(PagedWriteGpu, OutOfRangeSlotIsReportedAndNeverWritten) {
@@ -175,6 +209,53 @@ TEST(PagedWriteGpu, OutOfRangeSlotIsReportedAndNeverWritten) {
   bad = a;
   bad.k_pool = nullptr;
   EXPECT_THROW(write_kv(l, bad), Error);
+}
+
+// The q formats' small launch (<= 8 tokens, its own kernel): an out-of-range slot is reported, nothing outside the
+// pool is written, and the launch's other tokens are still written as the CPU encoder writes them.
+TEST(PagedWriteGpu, OutOfRangeSlotInASmallQLaunch) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  for (Format f : {Format::q4, Format::q3_5, Format::q3}) {
+    const PagedLayout l = make_paged_layout(f, 16, 2, 128);
+    PagedBatch pb = make_batch(l, {20}, rng);
+    const int32_t end = static_cast<int32_t>(pb.num_pages * 16);
+    const std::vector<int32_t> slots{pb.slots[3], end, end + 1000, pb.slots[17]};
+    auto nk = random_bf16(slots.size() * 2 * 128, rng), nv = random_bf16(slots.size() * 2 * 128, rng);
+    // The device pools: the batch's cache, then a guard region.
+    const size_t pool_bytes = pb.k_pool.size(), guard = 1 << 14;
+    std::vector<uint8_t> hk0(pool_bytes + guard, 0x5a), hv0(pool_bytes + guard, 0x5a);
+    std::copy(pb.k_pool.begin(), pb.k_pool.end(), hk0.begin());
+    std::copy(pb.v_pool.begin(), pb.v_pool.end(), hv0.begin());
+    DevBuf<uint8_t> kp(hk0), vp(hv0);
+    // The reference writes only the in-range tokens (tokens 3 and 17 overwritten with new values).
+    const std::vector<int32_t> ref_slots{pb.slots[3], -1, -1, pb.slots[17]};
+    paged_write_ref(l, pb.k_pool.data(), pb.v_pool.data(), pb.num_pages, nk.data(), nv.data(), ref_slots.data(),
+                    static_cast<int>(ref_slots.size()), pb.host_params());
+    DevBuf<uint16_t> dk(nk), dv(nv);
+    DevBuf<int32_t> ds(slots), status(std::vector<int32_t>{0});
+    DevParams dp(pb);
+    WriteArgs a;
+    a.params = dp.params();
+    a.k = dk.p;
+    a.v = dv.p;
+    a.slot_mapping = ds.p;
+    a.num_tokens = static_cast<int>(slots.size());
+    a.k_pool = kp.p;
+    a.v_pool = vp.p;
+    a.num_pages = pb.num_pages;
+    a.status = status.p;
+    write_kv(l, a);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(status.download()[0] & 1, 1) << format_name(f);
+    const auto hk = kp.download(), hv = vp.download();
+    EXPECT_TRUE(bits_equal(hk.data(), pb.k_pool.data(), pool_bytes)) << format_name(f);
+    EXPECT_TRUE(bits_equal(hv.data(), pb.v_pool.data(), pool_bytes)) << format_name(f);
+    for (size_t i = pool_bytes; i < hk.size(); ++i) {
+      ASSERT_EQ(hk[i], 0x5a) << format_name(f) << " guard byte " << i << " written";
+      ASSERT_EQ(hv[i], 0x5a) << format_name(f) << " guard byte " << i << " written";
+    }
+  }
 }
 
 // ---------------------------------------------------------------- dequantiser: bit-exact vs the CPU decoder
