@@ -189,6 +189,35 @@ struct QWriteGeo {
   // F, then t_s, then y_s (kTiles writes the coefficients over t_s once all are computed).
   static constexpr size_t kSmem = sizeof(float) * (size_t(D) * kF + (kTiles ? 1 : 2) * size_t(kTok) * kRow);
 };
+// The lane layout's stores (block/q_lanes.h), the last phase of every q write kernel: one thread per (token, piece)
+// of the first n tokens, the piece's bits from the token's codes (code_of(t, c), channel c) and scale byte e_of(t),
+// one 16- or 8-bit store into its unit (units_s[t], nullptr: not written) at the token's index tin_s[t]. A piece
+// holds bits of its token only, so tokens written by other launches or threads are never touched. The offsets, bits
+// and sizes all come from the one layout of the token's side (K or V).
+template <class P, int D, class EOf, class CodeOf>
+__device__ __forceinline__ void store_pieces(int n, int kv, uint8_t* const* units_s, const uint8_t* tin_s, EOf&& e_of,
+                                             CodeOf&& code_of) {
+  constexpr int kLaneB2 = lane_bits_x2(P::kFormat);
+  static_assert(kLaneB2 != 0, "the q formats are stored in the lane layout");
+  using L = block::QLanes<kLaneB2, D, false>;
+  using LV = block::QLanes<kLaneB2, D, true>;
+  static_assert(L::kPieces == LV::kPieces, "K and V tokens own as many pieces");
+  for (int i = threadIdx.x; i < n * L::kPieces; i += blockDim.x) {
+    const int tt = i / L::kPieces, j = i % L::kPieces;
+    uint8_t* unit = units_s[tt];
+    if (!unit) continue;
+    auto code = [&](int c) { return code_of(tt, c); };
+    auto store = [&]<class Lx>() {
+      const int o = Lx::piece_offset(tin_s[tt], j);
+      const uint16_t h = Lx::piece_value_of(code, e_of(tt), j);
+      if (Lx::piece_bytes(j) == 2) *reinterpret_cast<uint16_t*>(unit + o) = h;
+      else unit[o] = static_cast<uint8_t>(h);
+    };
+    if (kv) store.template operator()<LV>();
+    else store.template operator()<L>();
+  }
+}
+
 template <class P, int D, QWriteKind K>
 __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
                                                                const int32_t* __restrict__ slots, int num_tokens,
@@ -328,57 +357,11 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
       Block::quantize_group(p, y_s + tt * kRow, inv_tau_s[tt], g, goff_s[g], kLanes ? blk_s[tt] : row);
   }
   if constexpr (kLanes) {
-    // One thread per (token, piece): the piece's bits from the logical block, one 16- or 8-bit store (a piece holds
-    // bits of its token only, so tokens written by other launches or threads are never touched).
+    // The pieces, from each token's logical block.
     __syncthreads();
-    using L = block::QLanes<kLaneB2 ? kLaneB2 : 8, D, false>;
-    using LV = block::QLanes<kLaneB2 ? kLaneB2 : 8, D, true>;
-    static_assert(L::kPieces == LV::kPieces, "K and V tokens own as many pieces");
-    for (int i = threadIdx.x; i < kTok * L::kPieces; i += blockDim.x) {
-      const int tt = i / L::kPieces, j = i % L::kPieces;
-      uint8_t* unit = codes_s[tt];
-      if (!unit) continue;
-      const uint8_t* lb = blk_s[tt];
-      auto code_of = [&](int c) { return Block::group_code(lb + goff_s[c / 8], gbits_s[c / 8], c % 8); };
-      // Offset, bits and size all from the one layout of this side (K or V).
-      auto store = [&]<class Lx>() {
-        const int o = Lx::piece_offset(tin_s[tt], j);
-        const uint16_t h = Lx::piece_value_of(code_of, lb[kCode], j);
-        if (Lx::piece_bytes(j) == 2) *reinterpret_cast<uint16_t*>(unit + o) = h;
-        else unit[o] = static_cast<uint8_t>(h);
-      };
-      if (kv) store.template operator()<LV>();
-      else store.template operator()<L>();
-    }
-  }
-}
-
-// The lane layout's stores (block/q_lanes.h), the last phase of every q write kernel: one thread per (token, piece)
-// of the first n tokens, the piece's bits from the token's codes (code_s[t][c], channel c) and scale byte e_s[t],
-// one 16- or 8-bit store into its unit (units_s[t], nullptr: not written) at the token's index tin_s[t]. A piece
-// holds bits of its token only, so tokens written by other launches or threads are never touched. The offsets, bits
-// and sizes all come from the one layout of the token's side (K or V).
-template <class P, int D, int N>
-__device__ __forceinline__ void store_pieces(int n, int kv, const uint8_t (&code_s)[N][D], const uint8_t* e_s,
-                                             const uint8_t* tin_s, uint8_t* const* units_s) {
-  constexpr int kLaneB2 = lane_bits_x2(P::kFormat);
-  static_assert(kLaneB2 != 0, "the q formats are stored in the lane layout");
-  using L = block::QLanes<kLaneB2, D, false>;
-  using LV = block::QLanes<kLaneB2, D, true>;
-  static_assert(L::kPieces == LV::kPieces, "K and V tokens own as many pieces");
-  for (int i = threadIdx.x; i < n * L::kPieces; i += blockDim.x) {
-    const int tt = i / L::kPieces, j = i % L::kPieces;
-    uint8_t* unit = units_s[tt];
-    if (!unit) continue;
-    auto code_of = [&](int c) { return static_cast<int>(code_s[tt][c]); };
-    auto store = [&]<class Lx>() {
-      const int o = Lx::piece_offset(tin_s[tt], j);
-      const uint16_t h = Lx::piece_value_of(code_of, e_s[tt], j);
-      if (Lx::piece_bytes(j) == 2) *reinterpret_cast<uint16_t*>(unit + o) = h;
-      else unit[o] = static_cast<uint8_t>(h);
-    };
-    if (kv) store.template operator()<LV>();
-    else store.template operator()<L>();
+    store_pieces<P, D>(kTok, kv, codes_s, tin_s, [&](int t) { return blk_s[t][kCode]; }, [&](int t, int c) {
+      return Block::group_code(blk_s[t] + goff_s[c / 8], gbits_s[c / 8], c % 8);
+    });
   }
 }
 
@@ -536,38 +519,32 @@ __global__ void __launch_bounds__(kQThreads)
   __syncthreads();
 
   // 7. The stores.
-  store_pieces<P, D>(nt, kv, code_s, e_s, tin_s, units_s);
+  store_pieces<P, D>(nt, kv, units_s, tin_s, [&](int t) { return e_s[t]; },
+                     [&](int t, int c) { return static_cast<int>(code_s[t][c]); });
 }
 
+// One q write kernel's launch: its dynamic shared memory allowed once, then one CTA of kQThreads per (tile of
+// tok_per_cta tokens, kv head, K|V).
+template <auto Kernel>
+void launch_q_kernel(size_t smem, int tok_per_cta, const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
+  static std::once_flag once;
+  std::call_once(once, [smem] {
+    cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaGetLastError();
+  });
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + tok_per_cta - 1) / tok_per_cta),
+                  static_cast<unsigned>(l.num_kv_heads * 2));
+  Kernel<<<grid, kQThreads, smem, st>>>(a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size,
+                                        l.head_block_bytes, a.num_pages, a.k_pool, a.v_pool, a.params, a.status);
+}
 template <class P, int D, int T>
 void launch_write_q_small(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
-  using G = QSmallGeo<D, T, P::template Block<D>::kScaleCandidates>;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    cudaFuncSetAttribute(write_kv_q_small_kernel<P, D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(G::kSmem));
-    cudaGetLastError();
-  });
-  const dim3 grid(static_cast<unsigned>((a.num_tokens + T - 1) / T), static_cast<unsigned>(l.num_kv_heads * 2));
-  write_kv_q_small_kernel<P, D, T><<<grid, kQThreads, G::kSmem, st>>>(
-      a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size, l.head_block_bytes, a.num_pages, a.k_pool,
-      a.v_pool, a.params, a.status);
+  launch_q_kernel<write_kv_q_small_kernel<P, D, T>>(QSmallGeo<D, T, P::template Block<D>::kScaleCandidates>::kSmem, T,
+                                                   l, a, st);
 }
-
 template <class P, int D, QWriteKind K>
 void launch_write_q_as(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
-  using G = QWriteGeo<D, K>;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    cudaFuncSetAttribute(write_kv_q_kernel<P, D, K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(G::kSmem));
-    cudaGetLastError();
-  });
-  const dim3 grid(static_cast<unsigned>((a.num_tokens + G::kTok - 1) / G::kTok),
-                  static_cast<unsigned>(l.num_kv_heads * 2));
-  write_kv_q_kernel<P, D, K><<<grid, kQThreads, G::kSmem, st>>>(a.k, a.v, a.slot_mapping, a.num_tokens,
-                                                                l.num_kv_heads, l.page_size, l.head_block_bytes,
-                                                                a.num_pages, a.k_pool, a.v_pool, a.params, a.status);
+  launch_q_kernel<write_kv_q_kernel<P, D, K>>(QWriteGeo<D, K>::kSmem, QWriteGeo<D, K>::kTok, l, a, st);
 }
 template <class P, int D>
 void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {

@@ -18,6 +18,23 @@ std::vector<Format> paged_formats() {
 }
 
 // ---------------------------------------------------------------- write path: byte-exact vs the CPU encoder
+// The write of n tokens (device K/V inputs and slots) into device pools of num_pages pages.
+WriteArgs device_write(const FormatParams& params, const DevBuf<uint16_t>& k, const DevBuf<uint16_t>& v,
+                       const DevBuf<int32_t>& slots, int n, DevBuf<uint8_t>& k_pool, DevBuf<uint8_t>& v_pool,
+                       int64_t num_pages, int32_t* status) {
+  WriteArgs a;
+  a.params = params;
+  a.k = k.p;
+  a.v = v.p;
+  a.slot_mapping = slots.p;
+  a.num_tokens = n;
+  a.k_pool = k_pool.p;
+  a.v_pool = v_pool.p;
+  a.num_pages = num_pages;
+  a.status = status;
+  return a;
+}
+
 // One ragged prefill-like launch (a 1-token sequence, a partial last page, padding slots with garbage data between
 // tokens) written on the GPU and by the CPU encoder: the pools must be equal byte for byte.
 void check_write_byte_exact(Format f, int D, int P, int H, std::mt19937& rng) {
@@ -53,8 +70,7 @@ void check_write_byte_exact(Format f, int D, int P, int H, std::mt19937& rng) {
   DevBuf<uint16_t> dk(k2), dv(v2);
   DevBuf<int32_t> ds(slots2), status(std::vector<int32_t>{0}), dsink(sinks2);
   DevParams dp(pb);
-  WriteArgs a;
-  a.params = dp.params();
+  WriteArgs a = device_write(dp.params(), dk, dv, ds, static_cast<int>(slots2.size()), kp, vp, pb.num_pages, status.p);
   // Sink pools: poisoned, then only the sink slots of the batch written (compared with the expected pool).
   const size_t sink_elems = pb.k_sinks.size();
   DevBuf<uint16_t> ksk(sink_elems), vsk(sink_elems);
@@ -73,14 +89,6 @@ void check_write_byte_exact(Format f, int D, int P, int H, std::mt19937& rng) {
     a.v_sinks = vsk.p;
     a.num_sink_rows = static_cast<int64_t>(pb.sink_rows.size());
   }
-  a.k = dk.p;
-  a.v = dv.p;
-  a.slot_mapping = ds.p;
-  a.num_tokens = static_cast<int>(slots2.size());
-  a.k_pool = kp.p;
-  a.v_pool = vp.p;
-  a.num_pages = pb.num_pages;
-  a.status = status.p;
   write_kv(l, a);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size()));
@@ -152,16 +160,8 @@ TEST(PagedWriteGpu, DecodeStepOneTokenPerSequence) {
           DevBuf<uint16_t> dk(nk), dv(nv);
           DevBuf<int32_t> ds(slots), status(std::vector<int32_t>{0});
           DevParams dp(pb);
-          WriteArgs a;
-          a.params = dp.params();
-          a.k = dk.p;
-          a.v = dv.p;
-          a.slot_mapping = ds.p;
-          a.num_tokens = static_cast<int>(slots.size());
-          a.k_pool = kp.p;
-          a.v_pool = vp.p;
-          a.num_pages = pb.num_pages;
-          a.status = status.p;
+          const WriteArgs a =
+              device_write(dp.params(), dk, dv, ds, static_cast<int>(slots.size()), kp, vp, pb.num_pages, status.p);
           write_kv(l, a);
           CUDA_OK(cudaDeviceSynchronize());
           EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size()))
@@ -188,15 +188,7 @@ TEST(PagedWriteGpu, OutOfRangeSlotIsReportedAndNeverWritten) {
   DevBuf<uint16_t> dk(k), dv(v);
   DevBuf<int32_t> ds(std::vector<int32_t>{0, int32_t(pages * 16), int32_t(pages * 16 + 1000)});
   DevBuf<int32_t> status(std::vector<int32_t>{0});
-  WriteArgs a;
-  a.k = dk.p;
-  a.v = dv.p;
-  a.slot_mapping = ds.p;
-  a.num_tokens = 3;
-  a.k_pool = kp.p;
-  a.v_pool = vp.p;
-  a.num_pages = pages;
-  a.status = status.p;
+  const WriteArgs a = device_write(FormatParams{}, dk, dv, ds, 3, kp, vp, pages, status.p);
   write_kv(l, a);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(status.download()[0] & 1, 1);
@@ -235,16 +227,8 @@ TEST(PagedWriteGpu, OutOfRangeSlotInASmallQLaunch) {
     DevBuf<uint16_t> dk(nk), dv(nv);
     DevBuf<int32_t> ds(slots), status(std::vector<int32_t>{0});
     DevParams dp(pb);
-    WriteArgs a;
-    a.params = dp.params();
-    a.k = dk.p;
-    a.v = dv.p;
-    a.slot_mapping = ds.p;
-    a.num_tokens = static_cast<int>(slots.size());
-    a.k_pool = kp.p;
-    a.v_pool = vp.p;
-    a.num_pages = pb.num_pages;
-    a.status = status.p;
+    const WriteArgs a =
+        device_write(dp.params(), dk, dv, ds, static_cast<int>(slots.size()), kp, vp, pb.num_pages, status.p);
     write_kv(l, a);
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_EQ(status.download()[0] & 1, 1) << format_name(f);
