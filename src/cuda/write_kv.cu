@@ -399,8 +399,8 @@ __global__ void __launch_bounds__(kQThreads)
   constexpr int kCand = Block::kScaleCandidates, kCode = P::code_bytes(D);
   using G = QSmallGeo<D, T, kCand>;
   constexpr int kRow = G::kRow, kS = G::kS, kQ = kQThreads / D;  // kQ: threads per channel
-  static_assert(T % 2 == 0 && T / 2 <= kQ && T * D / 2 <= kQThreads && kS <= kQThreads && T <= 32,
-                "one pass of each phase covers the tile");
+  static_assert(T % 2 == 0 && T / 2 <= kQ && T * D / 2 <= kQThreads && kS <= kQThreads && T <= kQThreads / 32,
+                "one pass of each phase covers the tile (phase 3: one warp per token)");
   extern __shared__ __align__(16) float qsm[];
   float* F = qsm;                              // [D][kRow]
   float* t_s = qsm + D * kRow;                 // [T][kRow] centred inputs
@@ -520,7 +520,7 @@ __global__ void __launch_bounds__(kQThreads)
 
   // 7. The stores.
   store_pieces<P, D>(nt, kv, units_s, tin_s, [&](int t) { return e_s[t]; },
-                     [&](int t, int c) { return static_cast<int>(code_s[t][c]); });
+                     [&](int t, int ch) { return static_cast<int>(code_s[t][ch]); });
 }
 
 // One q write kernel's launch: its dynamic shared memory allowed once, then one CTA of kQThreads per (tile of
