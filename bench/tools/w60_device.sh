@@ -6,7 +6,8 @@
 # the whole decode step (bench --step) of both builds and of s64, an ncu profile of one warm 1-token launch, compute-sanitizer
 # memcheck + racecheck of the small-launch tests.
 #   LIMIT_S=330 bash bench/tools/w60_device.sh        Files in $OUT: log.txt, ab_write.json, step_{base,new}.json
-# (NCU_PROFILE=1 adds ncu_q4_1.txt and src_q4_1.csv.gz: too few samples in a 6 us launch to place its time.)
+# (NCU_PROFILE=1 adds ncu_q4_1.txt and src_q4_1.csv.gz, the PC sampler at its shortest interval, 2^5 cycles: the
+# default interval left 8 samples in a 6 us launch, run 20261207T035457Z.)
 source "$(dirname "$0")/device_env.sh" /tmp/w60_out /tmp/w60_work 330
 PATCH=bench/tools/w60.patch
 # NO_BASE=1: no base build; "base" is then this tree's default (the A/B compares the launch-size settings only).
@@ -42,7 +43,8 @@ python3 bench/summarize.py "$OUT/step_s64.json" > "$W/step_s64_summary.txt" 2>&1
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 if [ -n "${NCU_PROFILE:-}" ] && [ "$(left)" -gt 130 ]; then
   timeout 90 $NCU --clock-control none --cache-control none --kernel-name-base demangled \
-    --kernel-name 'regex:write_kv_q_small_kernel' --launch-skip 6 --launch-count 1 --set full --import-source no \
+    --kernel-name 'regex:write_kv_q_small_kernel' --launch-skip 6 --launch-count 1 --set full --sampling-interval 0 \
+    --import-source no \
     -o "$W/q4_1" -f ./build-device/kvpack bench --formats q4 --shapes 8/1/128 --batch 1 --context 8192 --iters 3 \
     > "$W/ncu.log" 2>&1
   stamp "ncu rc=$?"
