@@ -146,16 +146,8 @@ struct DecodeBench::Impl {
   }
   // The write of n tokens (bf16 K and V, their slots) into this pool, with its format's parameters.
   WriteArgs write_args(const uint16_t* k, const uint16_t* v, const int32_t* slots, int n) const {
-    WriteArgs a;
-    a.k = k;
-    a.v = v;
-    a.slot_mapping = slots;
-    a.num_tokens = n;
-    a.k_pool = k_pool;
-    a.v_pool = v_pool;
-    a.num_pages = num_pages;
-    a.params = params;
-    return a;
+    return {.k = k, .v = v, .slot_mapping = slots, .num_tokens = n, .k_pool = k_pool, .v_pool = v_pool,
+            .num_pages = num_pages, .params = params};
   }
   template <class T>
   const T* upload(const std::vector<T>& h) {

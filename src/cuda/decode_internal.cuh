@@ -1,10 +1,16 @@
 // Internals shared by the decode kernels, plan() and the tuner (not public API).
 #pragma once
 #include <cstddef>
+#include <cstdlib>
 
 #include "kvpack/decode.h"
 
 namespace kvpack {
+// The kernels' measurement switches: environment variable `name` as an integer, `fallback` when unset.
+inline int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
 size_t decode_stage_bytes(Format f, int head_dim);
 size_t decode_smem_bytes(Format f, int head_dim, int group, int stages);
 size_t decode_workspace_bytes(const DecodeShape& s, int batch, int max_chunks);

@@ -70,7 +70,7 @@ void lean_force_warp_only_instance(bool on) { cuda_detail::g_force_warp_only.sto
 LeanLaunchInfo lean_last_launch() { return cuda_detail::g_last_lean; }
 
 int lean_env_rule() {
-  static const int rule = cuda_detail::lean_env_int("KVPACK_LEAN_RULE", 1);
+  static const int rule = env_int("KVPACK_LEAN_RULE", 1);
   return rule;
 }
 int lean_ctas_per_sm(Format f, int head_dim) {

@@ -1351,17 +1351,11 @@ inline int lean_splits(const DecodeKernelParams& kp) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(int64_t{kp.num_splits} * 8, kp.max_chunks)));
 }
 
-// The lean kernel's measurement switches: environment variable `name` as an integer, `fallback` when unset.
-inline int lean_env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : fallback;
-}
-
 // fp8 on the lean kernel (sm_90, head_dim 128): for the shapes of fp8_lean_default (one kv head; host code,
 // split_model.cpp), else the regular kernel (the lean one was 0.86-0.96x of it at 32q/8kv batch >= 8, bench/NOTES.md
 // v34, v41, v49). KVPACK_LEAN_FP8=0 / 1 forces either (measurement).
 inline bool lean_fp8_applies(int head_dim, int num_qo_heads, int num_kv_heads) {
-  static const int env = lean_env_int("KVPACK_LEAN_FP8", -1);
+  static const int env = env_int("KVPACK_LEAN_FP8", -1);
   if (head_dim != 128 || device_cc_major() < 9) return false;
   return env >= 0 ? env != 0 : fp8_lean_default(num_qo_heads, num_kv_heads, head_dim);
 }
@@ -1370,7 +1364,7 @@ inline bool lean_fp8_applies(int head_dim, int num_qo_heads, int num_kv_heads) {
 // merge kernel's launch overlaps the lean kernel's tail; both wait (griddepcontrol.wait) before reading what the
 // previous kernel wrote. KVPACK_PDL=0 turns it off (measurement).
 inline bool lean_pdl_applies() {
-  static const bool on = lean_env_int("KVPACK_PDL", 1) != 0;
+  static const bool on = env_int("KVPACK_PDL", 1) != 0;
   return on && device_cc_major() >= 9;
 }
 template <class... KArgs, class... Args>
@@ -1453,7 +1447,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // code, split_model.cpp): leaf mode when one warp per chunk would not fill the GPU's warp slots once
   // (KVPACK_LEAN_RULE=0: v42's rule, fewer chunk-warps than two waves of 8 warps per SM). KVPACK_LEAN_LEAF=0 / 1
   // overrides all (measurement). The choice depends on the plan only, and both modes give the same bits.
-  static const int leaf_env = lean_env_int("KVPACK_LEAN_LEAF", -1);
+  static const int leaf_env = env_int("KVPACK_LEAN_LEAF", -1);
   const int64_t chunk_warps = int64_t{batch} * kp.num_kv_heads * kp.max_chunks;
   const bool rule_leaf = lean_env_rule() == 0
                              ? chunk_warps < int64_t{2} * device_sm_count() * 8
@@ -1470,7 +1464,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // head) in warp mode, the rest in leaf mode, where the default plan (one warp per chunk, no tuned or forced mode)
   // fills the GPU 1.x times. KVPACK_LEAN_MIX=0 turns it off, = k > 0 forces mix = k rounded down to a multiple of 4
   // (measurement; also lean_force_mix, tests). Same bits either way.
-  static const int mix_env = lean_env_int("KVPACK_LEAN_MIX", -1);
+  static const int mix_env = env_int("KVPACK_LEAN_MIX", -1);
   const int mix_forced = g_force_mix.load(std::memory_order_relaxed);
   int mix = 0;
   if constexpr (B2 != 0) {
@@ -1491,7 +1485,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // KVPACK_LEAN_WARP_ONLY=0 keeps the general instance, = 1 takes the warp-only one for every q format where the mixed
   // rule does not mix (v52's "new"; with KVPACK_LEAN_MIX=0 also there: v52's "nomix") (measurement).
   // lean_force_warp_only_instance (tests) takes it wherever it has more CTAs per SM, the mixed rule unchanged.
-  static const int warp_only_env = lean_env_int("KVPACK_LEAN_WARP_ONLY", -1);
+  static const int warp_only_env = env_int("KVPACK_LEAN_WARP_ONLY", -1);
   const bool wo_forced = g_force_warp_only.load(std::memory_order_relaxed);
   bool warp_only = false;
   if constexpr (B2 != 0)
@@ -1503,15 +1497,15 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
     grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
                 1);
-  static const int krows = lean_env_int("KVPACK_LEAN_KROWS", 0);
+  static const int krows = env_int("KVPACK_LEAN_KROWS", 0);
   // KVPACK_LEAN_ONLY (measurement only: the output is then wrong): a mask of the kernels launched, 1 = the query
   // preparation, 2 = the lean kernel, 4 = the merge, to time each alone (bench/NOTES.md v44).
-  static const int only = lean_env_int("KVPACK_LEAN_ONLY", 7);
+  static const int only = env_int("KVPACK_LEAN_ONLY", 7);
   const bool pdl = lean_pdl_applies();
   // The preparation's CTAs per (sequence, kv head): 4 (2 query heads each) while that grid is at most two CTAs per
   // SM, else 1 (8 heads each; at large batch its G reads would grow 4x for a phase the launch barely sees).
   // KVPACK_LEAN_PREP_SPLIT=1 / 4 forces it (measurement). Same bits either way.
-  static const int prep_env = lean_env_int("KVPACK_LEAN_PREP_SPLIT", 0);
+  static const int prep_env = env_int("KVPACK_LEAN_PREP_SPLIT", 0);
   const bool four = B2 != 0 && (prep_env ? prep_env == 4
                                           : int64_t{batch} * kp.num_kv_heads * 4 <= int64_t{2} * device_sm_count());
   if constexpr (B2 != 0)
@@ -1526,7 +1520,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // Leaf mode's grid without the mixed part (q formats) runs on the leaf-only instance, warp mode's on the warp-only
   // one where chosen above: same arithmetic, same bits, fewer registers, more CTAs per SM. KVPACK_LEAN_LEAF_ONLY=0
   // keeps the general instance for leaf mode (measurement).
-  static const int leaf_only_env = lean_env_int("KVPACK_LEAN_LEAF_ONLY", 1);
+  static const int leaf_only_env = env_int("KVPACK_LEAN_LEAF_ONLY", 1);
   LeanInst inst = LeanInst::kGeneral;
   if constexpr (B2 != 0)
     if (mix == 0 && !g_force_general.load(std::memory_order_relaxed)) {
@@ -1549,7 +1543,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // still fits one wave at that CTA size's occupancy (v40: a second wave of large merge CTAs cost more than the
   // rounds it saved). Every S gives the same bits. KVPACK_LEAN_MERGE_SLICES=1 / 2 / 4 / 8 / 16 forces S
   // (measurement). The rule: lean_merge_slices (host code, split_model.cpp, CPU-tested).
-  static const int slices_env = lean_env_int("KVPACK_LEAN_MERGE_SLICES", 0);
+  static const int slices_env = env_int("KVPACK_LEAN_MERGE_SLICES", 0);
   static const int merge_occ[kMergeSliceCounts] = {lean_merge_prepare<D, B2, 1>(), lean_merge_prepare<D, B2, 2>(),
                                                    lean_merge_prepare<D, B2, 4>(), lean_merge_prepare<D, B2, 8>(),
                                                    lean_merge_prepare<D, B2, 16>()};

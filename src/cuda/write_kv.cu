@@ -1,7 +1,6 @@
 // Paged KV write path (quantise new bf16 K/V tokens into their slots) and the whole-page dequantiser (tests).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <mutex>
 
 #include "decode_internal.cuh"
@@ -14,16 +13,14 @@ namespace kvpack {
 
 int& write_small_tokens() {
   static int t = [] {
-    const char* e = std::getenv("KVPACK_WRITE_SMALL_TOK");
-    const int v = e ? std::atoi(e) : 0;
+    const int v = env_int("KVPACK_WRITE_SMALL_TOK", 2);
     return v == 2 || v == 4 || v == 8 ? v : 2;
   }();
   return t;
 }
 int& write_small_max() {
   static int t = [] {
-    const char* e = std::getenv("KVPACK_WRITE_SMALL_MAX");
-    const int v = e ? std::atoi(e) : 0;
+    const int v = env_int("KVPACK_WRITE_SMALL_MAX", 8);
     return v >= 1 ? v : 8;
   }();
   return t;

@@ -22,17 +22,20 @@ std::vector<Format> paged_formats() {
 WriteArgs device_write(const FormatParams& params, const DevBuf<uint16_t>& k, const DevBuf<uint16_t>& v,
                        const DevBuf<int32_t>& slots, int n, DevBuf<uint8_t>& k_pool, DevBuf<uint8_t>& v_pool,
                        int64_t num_pages, int32_t* status) {
-  WriteArgs a;
-  a.params = params;
-  a.k = k.p;
-  a.v = v.p;
-  a.slot_mapping = slots.p;
-  a.num_tokens = n;
-  a.k_pool = k_pool.p;
-  a.v_pool = v_pool.p;
-  a.num_pages = num_pages;
-  a.status = status;
-  return a;
+  return {.k = k.p, .v = v.p, .slot_mapping = slots.p, .num_tokens = n, .k_pool = k_pool.p, .v_pool = v_pool.p,
+          .num_pages = num_pages, .params = params, .status = status};
+}
+// The write of host K/V tokens at `slots` into the device pools kp / vp (pb's pages, layout l, pb's parameters),
+// synchronised; the launch's status word into `status`.
+void write_tokens(const PagedLayout& l, const PagedBatch& pb, const std::vector<uint16_t>& k,
+                  const std::vector<uint16_t>& v, const std::vector<int32_t>& slots, DevBuf<uint8_t>& kp,
+                  DevBuf<uint8_t>& vp, int32_t& status) {
+  DevBuf<uint16_t> dk(k), dv(v);
+  DevBuf<int32_t> ds(slots), st(std::vector<int32_t>{0});
+  DevParams dp(pb);
+  write_kv(l, device_write(dp.params(), dk, dv, ds, static_cast<int>(slots.size()), kp, vp, pb.num_pages, st.p));
+  CUDA_OK(cudaDeviceSynchronize());
+  status = st.download()[0];
 }
 
 // One ragged prefill-like launch (a 1-token sequence, a partial last page, padding slots with garbage data between
@@ -157,18 +160,13 @@ TEST(PagedWriteGpu, DecodeStepOneTokenPerSequence) {
           auto nk = random_bf16(slots.size() * 4 * D, rng), nv = random_bf16(slots.size() * 4 * D, rng);
           paged_write_ref(l, pb.k_pool.data(), pb.v_pool.data(), pb.num_pages, nk.data(), nv.data(), slots.data(),
                           static_cast<int>(slots.size()), pb.host_params());
-          DevBuf<uint16_t> dk(nk), dv(nv);
-          DevBuf<int32_t> ds(slots), status(std::vector<int32_t>{0});
-          DevParams dp(pb);
-          const WriteArgs a =
-              device_write(dp.params(), dk, dv, ds, static_cast<int>(slots.size()), kp, vp, pb.num_pages, status.p);
-          write_kv(l, a);
-          CUDA_OK(cudaDeviceSynchronize());
+          int32_t status = -1;  // must come back 0
+          write_tokens(l, pb, nk, nv, slots, kp, vp, status);
           EXPECT_TRUE(bits_equal(kp.download().data(), pb.k_pool.data(), pb.k_pool.size()))
               << format_name(f) << " D " << D << " tokens " << lens.size() << " tile " << tile;
           EXPECT_TRUE(bits_equal(vp.download().data(), pb.v_pool.data(), pb.v_pool.size()))
               << format_name(f) << " D " << D << " tokens " << lens.size() << " tile " << tile;
-          EXPECT_EQ(status.download()[0], 0);
+          EXPECT_EQ(status, 0);
         }
   }
   write_small_tokens() = saved_tile;
@@ -224,14 +222,9 @@ TEST(PagedWriteGpu, OutOfRangeSlotInASmallQLaunch) {
     const std::vector<int32_t> ref_slots{pb.slots[3], -1, -1, pb.slots[17]};
     paged_write_ref(l, pb.k_pool.data(), pb.v_pool.data(), pb.num_pages, nk.data(), nv.data(), ref_slots.data(),
                     static_cast<int>(ref_slots.size()), pb.host_params());
-    DevBuf<uint16_t> dk(nk), dv(nv);
-    DevBuf<int32_t> ds(slots), status(std::vector<int32_t>{0});
-    DevParams dp(pb);
-    const WriteArgs a =
-        device_write(dp.params(), dk, dv, ds, static_cast<int>(slots.size()), kp, vp, pb.num_pages, status.p);
-    write_kv(l, a);
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_EQ(status.download()[0] & 1, 1) << format_name(f);
+    int32_t status = 0;  // must come back with bit 0 set
+    write_tokens(l, pb, nk, nv, slots, kp, vp, status);
+    EXPECT_EQ(status & 1, 1) << format_name(f);
     const auto hk = kp.download(), hv = vp.download();
     EXPECT_TRUE(bits_equal(hk.data(), pb.k_pool.data(), pool_bytes)) << format_name(f);
     EXPECT_TRUE(bits_equal(hv.data(), pb.v_pool.data(), pool_bytes)) << format_name(f);

@@ -165,18 +165,24 @@ struct QBlock {
   // scale_byte_rms's (QBlock.SpreadScaleSearchPiecesGiveTheSameBits).
   template <int U, class Quad>
   static KVPACK_HD uint8_t scale_byte_rms_by(Quad&& quad) {
+    return encode_scale_byte(sqrtf(ordered_dot_by<U>(quad)));
+  }
+  // sum_c a_c b_c with explicit FMAs, c = 0, 1, ... in order: quad(c, a, b) gives channels c .. c + 3. U quads are
+  // fetched before their FMAs; the sums are the same for every U.
+  template <int U, class Quad>
+  static KVPACK_HD float ordered_dot_by(Quad&& quad) {
     static_assert(D % (4 * U) == 0, "whole blocks of U quads");
     float acc = 0.0f;
     for (int c0 = 0; c0 < D; c0 += 4 * U) {
-      float wy[U][4], yq[U][4];
+      float a[U][4], b[U][4];
       KVPACK_UNROLL
-      for (int u = 0; u < U; ++u) quad(c0 + 4 * u, wy[u], yq[u]);
+      for (int u = 0; u < U; ++u) quad(c0 + 4 * u, a[u], b[u]);
       KVPACK_UNROLL
       for (int u = 0; u < U; ++u)
         KVPACK_UNROLL
-        for (int k = 0; k < 4; ++k) acc = fmaf(wy[u][k], yq[u][k], acc);
+        for (int k = 0; k < 4; ++k) acc = fmaf(a[u][k], b[u][k], acc);
     }
-    return encode_scale_byte(sqrtf(acc));
+    return acc;
   }
   // Candidate j of the search around e0, or -1 when it falls outside 0..255.
   static KVPACK_HD int scale_candidate(uint8_t e0, int j) {
@@ -247,18 +253,11 @@ struct QBlock {
   // are the same for every U and equal scale_error's (uncoded channels add exactly 0).
   template <int U, class Quad>
   static KVPACK_HD float scale_error_by(Quad&& quad) {
-    static_assert(D % (4 * U) == 0, "whole blocks of U quads");
-    float err = 0.0f;
-    for (int c0 = 0; c0 < D; c0 += 4 * U) {
-      float d[U][4];
+    return ordered_dot_by<U>([&](int c, float (&d)[4], float (&d2)[4]) {
+      quad(c, d);
       KVPACK_UNROLL
-      for (int u = 0; u < U; ++u) quad(c0 + 4 * u, d[u]);
-      KVPACK_UNROLL
-      for (int u = 0; u < U; ++u)
-        KVPACK_UNROLL
-        for (int k = 0; k < 4; ++k) err = fmaf(d[u][k], d[u][k], err);
-    }
-    return err;
+      for (int k = 0; k < 4; ++k) d2[k] = d[k];
+    });
   }
 
   // One group's codes: group g (b_g bits, its first code byte at `off` = sum of the earlier groups' bits) of already-
