@@ -210,6 +210,16 @@ struct DecodeArgs {
 // run_decode calls that may overlap (two streams).
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, void* stream = nullptr);
 
+// One layer's decode step as a server runs it: write_kv(layout, write) (the new tokens: one per sequence, or any),
+// then run_decode(plan, attn). The same cache bytes and the same output bits as those two calls, and the same
+// checks, plus: layout must match plan.shape, and the write's pools must be the attention's. attn.q must be ready
+// when this is called, as write.k and write.v are. q4 / q3.5 / q3 on sm_90: the query preparation is launched with
+// programmatic dependent launch behind the write and runs beside it (it reads only attn.q and the calibration), then
+// waits for the write's grid before the lean kernel, which reads the new tokens' pages, may start. Launches only
+// (capturable in a CUDA graph). KVPACK_STEP_PDL=0 keeps the two calls' order (measurement).
+void decode_step(const PagedLayout& layout, const WriteArgs& write, const DecodePlan& plan, const DecodeArgs& attn,
+                 void* stream = nullptr);
+
 std::string library_version();
 
 }  // namespace kvpack

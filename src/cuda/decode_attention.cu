@@ -66,7 +66,10 @@ size_t decode_workspace_bytes(const DecodeShape& s, int batch, int max_chunks) {
   return workspace_layout(s, batch, max_chunks).bytes;
 }
 
-void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
+namespace {
+// run_decode's checks (every one before any launch) and its kernels' parameters; after_write: decode_step's
+// (DecodeKernelParams::prep_after_write).
+DecodeKernelParams decode_params(const DecodePlan& plan, const DecodeArgs& a, bool after_write) {
   const DecodeShape& s = plan.shape;
   KVPACK_CU_CHECK(a.q && a.out, "run_decode: null q or out");
   KVPACK_CU_CHECK(a.k_pool && a.v_pool, "run_decode: null K or V page pool");
@@ -85,8 +88,6 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   const size_t need = decode_workspace_bytes(s, plan.batch, plan.max_chunks);
   KVPACK_CU_CHECK(need <= plan.workspace_bytes, "run_decode: plan workspace {} B is smaller than needed {} B",
                plan.workspace_bytes, need);
-  if (plan.batch == 0) return;
-
   DecodeKernelParams kp{};
   kp.q = a.q;
   kp.k_pool = a.k_pool;
@@ -110,6 +111,7 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   kp.max_chunks = plan.max_chunks;
   kp.max_context = plan.max_context;
   kp.status = a.status;
+  kp.prep_after_write = after_write ? 1 : 0;
   const WorkspaceLayout wl = workspace_layout(s, plan.batch, plan.max_chunks);
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   kp.ws_acc = reinterpret_cast<float*>(ws);
@@ -139,9 +141,39 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   });
   const PagedLayout layout = make_paged_layout(s.format, s.page_size, s.num_kv_heads, s.head_dim);
   kp.head_block_bytes = layout.head_block_bytes;
+  return kp;
+}
+void launch_decode(const DecodePlan& plan, const DecodeKernelParams& kp, void* stream) {
+  if (plan.batch == 0) return;
   auto st = static_cast<cudaStream_t>(stream);
-  KVPACK_DISPATCH_FORMAT(s.format, P, [&] { launch_decode_format<P>(kp, s.head_dim, plan.batch, st); });
+  KVPACK_DISPATCH_FORMAT(plan.shape.format, P, [&] { launch_decode_format<P>(kp, plan.shape.head_dim, plan.batch, st); });
   KVPACK_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace
+
+void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
+  launch_decode(plan, decode_params(plan, a, false), stream);
+}
+
+void decode_step(const PagedLayout& layout, const WriteArgs& w, const DecodePlan& plan, const DecodeArgs& a,
+                 void* stream) {
+  const DecodeShape& s = plan.shape;
+  KVPACK_CU_CHECK(layout.format == s.format && layout.page_size == s.page_size &&
+                      layout.num_kv_heads == s.num_kv_heads && layout.head_dim == s.head_dim,
+                  "decode_step: write layout ({}, page {}, {} kv heads, head_dim {}) does not match the plan's shape "
+                  "({}, page {}, {} kv heads, head_dim {})",
+                  format_name(layout.format), layout.page_size, layout.num_kv_heads, layout.head_dim,
+                  format_name(s.format), s.page_size, s.num_kv_heads, s.head_dim);
+  KVPACK_CU_CHECK(w.k_pool == a.k_pool && w.v_pool == a.v_pool && w.num_pages == a.num_pages,
+                  "decode_step: the write's page pools (k_pool, v_pool, num_pages {}) are not the attention's "
+                  "(num_pages {})",
+                  w.num_pages, a.num_pages);
+  // KVPACK_STEP_PDL=0: the query preparation after the write, as with write_kv then run_decode (measurement).
+  static const bool overlap = env_int("KVPACK_STEP_PDL", 1) != 0;
+  // The attention's checks first: nothing is launched when either call's arguments are bad.
+  const DecodeKernelParams kp = decode_params(plan, a, overlap && w.num_tokens > 0);
+  write_kv(layout, w, stream);
+  launch_decode(plan, kp, stream);
 }
 
 }  // namespace kvpack

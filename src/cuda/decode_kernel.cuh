@@ -102,6 +102,10 @@ struct DecodeKernelParams {
   int32_t* status;
   int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks, max_groups;
   int leaf;  // DecodePlan::leaf (the lean kernel's mode; -1: the launcher's rule)
+  // decode_step (q formats, sm_90): the query preparation was launched with PDL behind the step's write kernel. It
+  // then prepares the query while the write runs, waits for the write's grid (griddepcontrol.wait) and only then lets
+  // the lean kernel start its copies (the new token's page among them). 0: run_decode's order (write, if any, done).
+  int prep_after_write;
   int64_t max_context;
   int64_t head_block_bytes;
   // Sink tokens (formats with format_info().sink_tokens > 0): [rows][sink_tokens][num_kv_heads][D] bf16 pools.

@@ -982,7 +982,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
   // The lean kernel (launched with PDL) may start its copies once every preparation CTA has its inputs: launched
   // earlier, its copies (up to ~20 MB at once) queued in front of these loads and made this kernel's one memory
   // round trip 6-9 us (bench/NOTES.md v47). It waits for this grid's completion before reading the output.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // decode_step: not before the step's write has finished (below).
+  if (!p.prep_after_write) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const int64_t bh = int64_t{b} * p.num_kv_heads + h;
   float4* hc = p.ws_qc + bh * 8;
@@ -1085,6 +1086,12 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
     const __half2 v = __halves2half2(hq_s[(ll / 4) * D + c], hq_s[(ll / 4) * D + c + 1]);
     __stcg(p.ws_qh + (bh * 32 + 4 * h0) * 2 * kKB + i, *reinterpret_cast<const uint32_t*>(&v));
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // decode_step: this grid was launched with PDL behind the write kernel and ran beside it (it reads only the query
+  // and the calibration, both ready before the write). The lean kernel, launched once every CTA of this grid has
+  // exited, copies the pages the write stores into: wait for the write's grid (and its memory) first.
+  if (p.prep_after_write) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   KVPACK_STAMP(stamps[1]);
   if (tid == 0) KVPACK_STAMP_RECORD(kPrep, 0, p.table.pages, stamps, 2);
 }
@@ -1510,12 +1517,14 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                                           : int64_t{batch} * kp.num_kv_heads * 4 <= int64_t{2} * device_sm_count());
   if constexpr (B2 != 0)
     if (only & 1) {
+      // decode_step (kp.prep_after_write): with PDL behind the write, which it waits for before it exits.
+      const bool prep_pdl = pdl && kp.prep_after_write;
       if (four)
         lean_launch(lean_q_prep_kernel<D, B2, 4>, dim3(kp.num_kv_heads * 4, batch), kLeanWarps * 32,
-                    lean_q_prep_smem<D, B2, 4>(), stream, false, kp);
+                    lean_q_prep_smem<D, B2, 4>(), stream, prep_pdl, kp);
       else
         lean_launch(lean_q_prep_kernel<D, B2, 1>, dim3(kp.num_kv_heads, batch), kLeanWarps * 32,
-                    lean_q_prep_smem<D, B2, 1>(), stream, false, kp);
+                    lean_q_prep_smem<D, B2, 1>(), stream, prep_pdl, kp);
     }
   // Leaf mode's grid without the mixed part (q formats) runs on the leaf-only instance, warp mode's on the warp-only
   // one where chosen above: same arithmetic, same bits, fewer registers, more CTAs per SM. KVPACK_LEAN_LEAF_ONLY=0

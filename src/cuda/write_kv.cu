@@ -215,6 +215,15 @@ __device__ __forceinline__ void store_pieces(int n, int kv, uint8_t* const* unit
   }
 }
 
+// decode_step: the query preparation, launched with PDL behind the step's write (lean_q_prep_kernel), may start as
+// soon as every CTA of the write's grid has started. It reads nothing the write stores, and it waits for the write's
+// grid to complete before it lets the lean kernel (which reads the new tokens' pages) start. A no-op without PDL.
+__device__ __forceinline__ void write_allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 template <class P, int D, QWriteKind K>
 __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
                                                                const int32_t* __restrict__ slots, int num_tokens,
@@ -245,6 +254,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   // search's chains.
   __shared__ float step_s[D], inv_step_s[D], rmsw_s[D];
   __shared__ uint8_t gbits_s[kGroups];
+  write_allow_dependents();
   const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
   const int64_t tok0 = int64_t{blockIdx.x} * kTok;
   const block::QParams p0 = (kv ? params.qv : params.qk).head(head, D);
@@ -410,6 +420,7 @@ __global__ void __launch_bounds__(kQThreads)
   __shared__ uint8_t e0_s[T], e_s[T], tin_s[T];
   __shared__ uint8_t* units_s[T];
   __shared__ uint8_t code_s[T][D];
+  write_allow_dependents();
   const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
   const int64_t tok0 = int64_t{blockIdx.x} * T;
   const int nt = static_cast<int>(num_tokens - tok0 < T ? num_tokens - tok0 : T);
@@ -559,6 +570,7 @@ __global__ void write_sinks_kernel(const uint16_t* __restrict__ k, const uint16_
                                    const int32_t* __restrict__ sink_slots, int num_tokens, int num_kv_heads,
                                    int head_dim, int64_t num_sink_slots, uint16_t* __restrict__ k_sinks,
                                    uint16_t* __restrict__ v_sinks, int32_t* status) {
+  write_allow_dependents();
   const int pieces = head_dim / 8;
   const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (idx >= int64_t{num_tokens} * num_kv_heads * 2 * pieces) return;

@@ -723,6 +723,175 @@ TEST(DecodeGpu, GraphCaptureAndReplayReadsLengthsOnDevice) {
   cudaStreamDestroy(st);
 }
 
+// ---------------------------------------------------------------- decode_step: the write and the attention in one call
+// decode_step must give the pools and the output bits of write_kv then run_decode, whatever runs beside what (q
+// formats on sm_90: the query preparation overlaps the write, and must not let the lean kernel read the new token's
+// page before the write has finished). Each step overwrites every sequence's last token with new values, so a stale
+// read changes the output. Write launches of 3 tokens (the small kernel) and 20 (main's kRows), group 8 and 4,
+// head_dim 64 and 128; the output also against the fp64 reference on the CPU encoder's pools; one case captured in a
+// CUDA graph and replayed.
+struct StepCase {
+  Format f;
+  int qo, H, D;
+  std::vector<int64_t> lens;
+};
+void check_decode_step(const StepCase& c, std::mt19937& rng, bool graph) {
+  SCOPED_TRACE(::testing::Message() << format_name(c.f) << " " << c.qo << "q/" << c.H << "kv/" << c.D << " batch "
+                                    << c.lens.size() << (graph ? " graph" : ""));
+  const int P = 16, batch = static_cast<int>(c.lens.size());
+  const PagedLayout l = make_paged_layout(c.f, P, c.H, c.D);
+  PagedBatch pb = make_batch(l, c.lens, rng);
+  DevBatch da(pb), dbb(pb);  // two identical device copies: write_kv + run_decode, decode_step
+  // The new token of each sequence at its last position; sequence 1's is padding (-1) when there are >= 3.
+  std::vector<int32_t> slots;
+  for (int b = 0; b < batch; ++b) {
+    const int64_t pos = c.lens[b] - 1;
+    slots.push_back(batch >= 3 && b == 1 ? -1 : pb.indices[pb.indptr[b] + pos / P] * P + static_cast<int32_t>(pos % P));
+  }
+  const size_t te = size_t(c.H) * c.D;
+  auto nk = random_bf16(slots.size() * te, rng), nv = random_bf16(slots.size() * te, rng);
+  auto q = random_bf16(size_t(batch) * c.qo * c.D, rng);
+  DevBuf<uint16_t> dk(nk), dv(nv), dq(q);
+  DevBuf<int32_t> ds(slots);
+  DecodeShape s{c.f, c.qo, c.H, c.D, P};
+  int64_t maxlen = 1;
+  for (auto len : c.lens) maxlen = std::max(maxlen, len);
+  const DecodePlan plan = plan_decode(s, batch, maxlen);
+  // One side's outputs (poisoned), workspace and status, and its write / attention arguments over its pools.
+  struct Side {
+    DevBuf<uint16_t> out;
+    DevBuf<float> lse;
+    DevBuf<uint8_t> ws;
+    DevBuf<int32_t> status{std::vector<int32_t>{0}};
+    WriteArgs w;
+    DecodeArgs a;
+    Side(size_t out_n, size_t lse_n, size_t ws_n) : out(out_n), lse(lse_n), ws(ws_n) {
+      out.fill_bytes(0xff);
+      lse.fill_bytes(0xff);
+      ws.fill_bytes(0);
+    }
+  };
+  auto side = [&](const DevBatch& d, Side& sd) {
+    sd.w = WriteArgs{.k = dk.p, .v = dv.p, .slot_mapping = ds.p, .num_tokens = batch, .k_pool = d.k_pool.p,
+                     .v_pool = d.v_pool.p, .num_pages = pb.num_pages, .params = d.params(), .status = sd.status.p};
+    sd.a.q = dq.p;
+    sd.a.k_pool = d.k_pool.p;
+    sd.a.v_pool = d.v_pool.p;
+    sd.a.num_pages = pb.num_pages;
+    sd.a.table = d.block_view(batch, pb.max_blocks);
+    sd.a.params = d.params();
+    sd.a.sinks = d.sinks();
+    sd.a.out = sd.out.p;
+    sd.a.lse = sd.lse.p;
+    sd.a.workspace = sd.ws.p;
+    sd.a.status = sd.status.p;
+  };
+  const size_t out_n = size_t(batch) * c.qo * c.D, lse_n = size_t(batch) * c.qo;
+  Side sa(out_n, lse_n, plan.workspace_bytes), sb(out_n, lse_n, plan.workspace_bytes);
+  side(da, sa);
+  side(dbb, sb);
+  CUDA_OK(cudaDeviceSynchronize());  // the fills ran on the legacy stream, which `st` does not wait for
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  write_kv(l, sa.w, st);
+  run_decode(plan, sa.a, st);
+  if (graph) {
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    decode_step(l, sb.w, plan, sb.a, st);
+    CUDA_OK(cudaStreamEndCapture(st, &g));
+    CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      sb.out.fill_bytes(0xff);
+      CUDA_OK(cudaDeviceSynchronize());
+      CUDA_OK(cudaGraphLaunch(exec, st));
+      CUDA_OK(cudaStreamSynchronize(st));
+      ASSERT_EQ(sb.out.download(), sa.out.download()) << "replay " << rep;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+  } else {
+    decode_step(l, sb.w, plan, sb.a, st);
+  }
+  CUDA_OK(cudaStreamSynchronize(st));
+  cudaStreamDestroy(st);
+  // The CPU encoder's pools with the new tokens: both sides byte for byte.
+  paged_write_ref(l, pb.k_pool.data(), pb.v_pool.data(), pb.num_pages, nk.data(), nv.data(), slots.data(), batch,
+                  pb.host_params());
+  for (const DevBatch* d : {&da, &dbb}) {
+    EXPECT_TRUE(bits_equal(d->k_pool.download().data(), pb.k_pool.data(), pb.k_pool.size()));
+    EXPECT_TRUE(bits_equal(d->v_pool.download().data(), pb.v_pool.data(), pb.v_pool.size()));
+  }
+  const AttnResult ra{sa.out.download(), sa.lse.download(), sa.status.download()[0]};
+  const AttnResult rb{sb.out.download(), sb.lse.download(), sb.status.download()[0]};
+  EXPECT_EQ(rb.out, ra.out);
+  EXPECT_TRUE(bits_equal(rb.lse.data(), ra.lse.data(), ra.lse.size() * sizeof(float)));
+  EXPECT_EQ(rb.status, 0);
+  EXPECT_EQ(ra.status, 0);
+  expect_close(compare(pb, q, c.qo, rb));
+}
+
+TEST(DecodeStepGpu, SameBytesAndBitsAsWriteThenDecode) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(606);
+  std::vector<int64_t> twenty;
+  for (int i = 0; i < 20; ++i) twenty.push_back(5 + static_cast<int64_t>(rng() % 700));
+  const std::vector<std::vector<int64_t>> batches{{300}, {37, 2100, 517}, twenty};
+  for (Format f : {Format::q4, Format::q3_5, Format::q3, Format::fp8, Format::bf16})
+    for (int D : {64, 128})
+      for (const auto& [qo, H] : {std::pair{8, 1}, std::pair{12, 3}})
+        for (const auto& lens : batches) check_decode_step(StepCase{f, qo, H, D, lens}, rng, false);
+  // Graph capture and replay (the replays write the same tokens again: same bytes, same output).
+  check_decode_step(StepCase{Format::q4, 8, 1, 128, {4000, 33, 900}}, rng, true);
+  check_decode_step(StepCase{Format::q3, 32, 8, 128, twenty}, rng, true);
+}
+
+TEST(DecodeStepGpu, BadArgumentsAreErrors) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(607);
+  const PagedLayout l = make_paged_layout(Format::q4, 16, 2, 64);
+  PagedBatch pb = make_batch(l, {40, 70}, rng);
+  DevBatch d(pb), other(pb);
+  const DecodePlan plan = plan_decode(DecodeShape{Format::q4, 4, 2, 64, 16}, 2, 100);
+  DevBuf<uint16_t> k(random_bf16(2 * 2 * 64, rng)), v(random_bf16(2 * 2 * 64, rng)), q(random_bf16(2 * 4 * 64, rng)),
+      out(2 * 4 * 64);
+  DevBuf<int32_t> slots(std::vector<int32_t>{pb.slots[39], pb.slots[109]});
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
+  ws.fill_bytes(0);
+  const WriteArgs w{.k = k.p, .v = v.p, .slot_mapping = slots.p, .num_tokens = 2, .k_pool = d.k_pool.p,
+                    .v_pool = d.v_pool.p, .num_pages = pb.num_pages, .params = d.params()};
+  DecodeArgs a;
+  a.q = q.p;
+  a.k_pool = d.k_pool.p;
+  a.v_pool = d.v_pool.p;
+  a.num_pages = pb.num_pages;
+  a.table = d.csr_view(2);
+  a.params = d.params();
+  a.out = out.p;
+  a.workspace = ws.p;
+  // The layout must be the plan's shape.
+  EXPECT_THROW(decode_step(make_paged_layout(Format::q4, 32, 2, 64), w, plan, a), Error);
+  EXPECT_THROW(decode_step(make_paged_layout(Format::q3, 16, 2, 64), w, plan, a), Error);
+  EXPECT_THROW(decode_step(make_paged_layout(Format::q4, 16, 1, 64), w, plan, a), Error);
+  // The write must go into the pools the attention reads.
+  WriteArgs w2 = w;
+  w2.k_pool = other.k_pool.p;
+  EXPECT_THROW(decode_step(l, w2, plan, a), Error);
+  w2 = w;
+  w2.num_pages = pb.num_pages - 1;
+  EXPECT_THROW(decode_step(l, w2, plan, a), Error);
+  // And the checks of write_kv and run_decode themselves.
+  w2 = w;
+  w2.slot_mapping = nullptr;
+  EXPECT_THROW(decode_step(l, w2, plan, a), Error);
+  DecodeArgs a2 = a;
+  a2.workspace = nullptr;
+  EXPECT_THROW(decode_step(l, w, plan, a2), Error);
+  decode_step(l, w, plan, a);
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
 // ---------------------------------------------------------------- bad arguments
 TEST(DecodeGpu, BadArgumentsAreErrorsNotCrashes) {
   KVPACK_REQUIRE_GPU();
