@@ -5,6 +5,8 @@
 #   LIMIT_S=420 bash bench/tools/v61_device.sh
 # Files in $OUT: log.txt, ab_write.json, ab_step.json (variants: base = f4eaab0; seq = this build, KVPACK_STEP_PDL=0;
 # new = this build; s64 / s511 = new with KVPACK_WRITE_SMALL_MAX=64 / 511), tests.log; ncu_q4_1.txt with NCU_PROFILE=1.
+# NO_BASE=1 (a short call): no base build, "base" is this build with KVPACK_STEP_PDL=0 KVPACK_WRITE_SMALL_MAX=8 (the
+# two calls' order, the small kernel up to 8 tokens), and neither "new" duplicate nor "seq" runs.
 source "$(dirname "$0")/device_env.sh" /tmp/v61_out /tmp/v61_work 420
 PATCH=bench/tools/v61.patch
 [ -z "${NO_BASE:-}" ] && start_base_build /tmp/v61_base 6
@@ -24,12 +26,12 @@ STEP="--formats fp8,q4,q3.5,q3 --shapes 8/1/128,32/8/128 --batch 1,8,16,64 --con
 mkdir -p "$W/w" "$W/s"
 for r in $(seq 1 ${ROUNDS:-2}); do
   $BASE bench $GRID --json "$W/w/ab_base_$r.json" > /dev/null 2>&1
-  ./build-device/kvpack bench $GRID --json "$W/w/ab_new_$r.json" > /dev/null 2>&1
+  [ -z "${NO_BASE:-}" ] && ./build-device/kvpack bench $GRID --json "$W/w/ab_new_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $GRID --json "$W/w/ab_s64_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=511 ./build-device/kvpack bench $GRID --json "$W/w/ab_s511_$r.json" > /dev/null 2>&1
   stamp "write round $r"
   $BASE bench $STEP --json "$W/s/ab_base_$r.json" > /dev/null 2>&1
-  KVPACK_STEP_PDL=0 ./build-device/kvpack bench $STEP --json "$W/s/ab_seq_$r.json" > /dev/null 2>&1
+  [ -z "${NO_BASE:-}" ] && KVPACK_STEP_PDL=0 ./build-device/kvpack bench $STEP --json "$W/s/ab_seq_$r.json" > /dev/null 2>&1
   ./build-device/kvpack bench $STEP --json "$W/s/ab_new_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $STEP --json "$W/s/ab_s64_$r.json" > /dev/null 2>&1
   stamp "step round $r"
