@@ -14,6 +14,7 @@ build_device kvpack_cli kvpack_gpu_tests
 grep -E "write_kv_q|lean_q_prep" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c > "$OUT/regs.txt"
 T=./build-device/kvpack_gpu_tests
 gpu_tests tests_first 150 'DecodeStepGpu.*:PagedWriteGpu.*:PagedDequantGpu.*'
+cp "$W/tests_first.log" "$OUT/tests.log"  # now: a call cut short still brings it back
 if [ -z "${NO_BASE:-}" ]; then
   wait $basepid; stamp "base build rc=$?"; ls /tmp/v61_base/build-device/kvpack || tail -20 "$W/base_build.log"
   BASE=/tmp/v61_base/build-device/kvpack
@@ -21,7 +22,7 @@ else
   BASE="env KVPACK_STEP_PDL=0 KVPACK_WRITE_SMALL_MAX=8 ./build-device/kvpack"
 fi
 # The write rows (eager launches), then the whole step at 32k, each round every variant.
-GRID="--formats q4,q3.5,q3 --shapes 8/1/128,32/8/128,9/3/64 --batch 1,8,16,64 --context 8192 --iters 30"
+GRID="--formats q4,q3.5,q3 --shapes ${WSHAPES:-8/1/128,32/8/128,9/3/64} --batch 1,8,16,64 --context 8192 --iters 30"
 STEP="--formats fp8,q4,q3.5,q3 --shapes 8/1/128,32/8/128 --batch 1,8,16,64 --context 32768 --step"
 mkdir -p "$W/w" "$W/s"
 for r in $(seq 1 ${ROUNDS:-2}); do
@@ -35,10 +36,11 @@ for r in $(seq 1 ${ROUNDS:-2}); do
   ./build-device/kvpack bench $STEP --json "$W/s/ab_new_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $STEP --json "$W/s/ab_s64_$r.json" > /dev/null 2>&1
   stamp "step round $r"
+  AB_KIND=write python3 bench/tools/ab_summary.py "$W/w" "$OUT/ab_write.json" > "$OUT/ab_write.txt"
+  AB_KIND=step python3 bench/tools/ab_summary.py "$W/s" "$OUT/ab_step.json" > "$OUT/ab_step.txt"
   [ "$(left)" -lt 200 ] && break
 done
-AB_KIND=write python3 bench/tools/ab_summary.py "$W/w" "$OUT/ab_write.json" > "$W/ab_write.txt"
-AB_KIND=step python3 bench/tools/ab_summary.py "$W/s" "$OUT/ab_step.json" > "$W/ab_step.txt"
+mv "$OUT/ab_write.txt" "$W/ab_write.txt"; mv "$OUT/ab_step.txt" "$W/ab_step.txt"
 python3 bench/summarize.py "$W/s/ab_new_1.json" > "$W/step_new_summary.txt" 2>&1
 # The other decode tests (the query preparation's code changed: both of its orders must give the same bits).
 [ "$(left)" -gt 100 ] && gpu_tests tests 90 'DecodeGpu.BitwiseIdentical*:DecodeGpu.RandomShapes*:DecodeGpu.GraphCapture*:DecodeGpu.LeanMixed*:DecodeGpu.BadArguments*'
@@ -63,5 +65,4 @@ fi
   echo "== step summary (new)"; sed -n '/measured whole/,$p' "$W/step_new_summary.txt"
   echo "== sanitizers"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" 2>/dev/null
   echo "== tests (decode)"; grep -vE "^/.*Failure$" "$W/tests.log" 2>/dev/null | tail -30; } > "$OUT/log.txt"
-cp "$W/tests_first.log" "$OUT/tests.log"
 rm -f "$OUT/build.log"
