@@ -10,11 +10,12 @@
 source "$(dirname "$0")/device_env.sh" /tmp/v61_out /tmp/v61_work 420
 PATCH=bench/tools/v61.patch
 [ -z "${NO_BASE:-}" ] && start_base_build /tmp/v61_base 6
-build_device kvpack_cli kvpack_gpu_tests
+build_device kvpack_gpu_tests
 grep -E "write_kv_q|lean_q_prep" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c > "$OUT/regs.txt"
 T=./build-device/kvpack_gpu_tests
 gpu_tests tests_first 150 'DecodeStepGpu.*:PagedWriteGpu.*:PagedDequantGpu.*'
 cp "$W/tests_first.log" "$OUT/tests.log"  # now: a call cut short still brings it back
+cmake --build build-device -j16 --target kvpack_cli >> "$OUT/build.log" 2>&1; stamp "cli built"
 if [ -z "${NO_BASE:-}" ]; then
   wait $basepid; stamp "base build rc=$?"; ls /tmp/v61_base/build-device/kvpack || tail -20 "$W/base_build.log"
   BASE=/tmp/v61_base/build-device/kvpack
@@ -26,16 +27,16 @@ GRID="--formats q4,q3.5,q3 --shapes ${WSHAPES:-8/1/128,32/8/128,9/3/64} --batch 
 STEP="--formats fp8,q4,q3.5,q3 --shapes 8/1/128,32/8/128 --batch 1,8,16,64 --context 32768 --step"
 mkdir -p "$W/w" "$W/s"
 for r in $(seq 1 ${ROUNDS:-2}); do
-  $BASE bench $GRID --json "$W/w/ab_base_$r.json" > /dev/null 2>&1
-  [ -z "${NO_BASE:-}" ] && ./build-device/kvpack bench $GRID --json "$W/w/ab_new_$r.json" > /dev/null 2>&1
-  KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $GRID --json "$W/w/ab_s64_$r.json" > /dev/null 2>&1
-  KVPACK_WRITE_SMALL_MAX=511 ./build-device/kvpack bench $GRID --json "$W/w/ab_s511_$r.json" > /dev/null 2>&1
-  stamp "write round $r"
   $BASE bench $STEP --json "$W/s/ab_base_$r.json" > /dev/null 2>&1
   [ -z "${NO_BASE:-}" ] && KVPACK_STEP_PDL=0 ./build-device/kvpack bench $STEP --json "$W/s/ab_seq_$r.json" > /dev/null 2>&1
   ./build-device/kvpack bench $STEP --json "$W/s/ab_new_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $STEP --json "$W/s/ab_s64_$r.json" > /dev/null 2>&1
   stamp "step round $r"
+  $BASE bench $GRID --json "$W/w/ab_base_$r.json" > /dev/null 2>&1
+  [ -z "${NO_BASE:-}" ] && ./build-device/kvpack bench $GRID --json "$W/w/ab_new_$r.json" > /dev/null 2>&1
+  KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $GRID --json "$W/w/ab_s64_$r.json" > /dev/null 2>&1
+  KVPACK_WRITE_SMALL_MAX=511 ./build-device/kvpack bench $GRID --json "$W/w/ab_s511_$r.json" > /dev/null 2>&1
+  stamp "write round $r"
   AB_KIND=write python3 bench/tools/ab_summary.py "$W/w" "$OUT/ab_write.json" > "$OUT/ab_write.txt"
   AB_KIND=step python3 bench/tools/ab_summary.py "$W/s" "$OUT/ab_step.json" > "$OUT/ab_step.txt"
   [ "$(left)" -lt 200 ] && break
