@@ -32,6 +32,7 @@ for r in $(seq 1 ${ROUNDS:-2}); do
   ./build-device/kvpack bench $STEP --json "$W/s/ab_new_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $STEP --json "$W/s/ab_s64_$r.json" > /dev/null 2>&1
   stamp "step round $r"
+  AB_KIND=step python3 bench/tools/ab_summary.py "$W/s" "$OUT/ab_step.json" > "$OUT/ab_step.txt"
   $BASE bench $GRID --json "$W/w/ab_base_$r.json" > /dev/null 2>&1
   [ -z "${NO_BASE:-}" ] && ./build-device/kvpack bench $GRID --json "$W/w/ab_new_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $GRID --json "$W/w/ab_s64_$r.json" > /dev/null 2>&1
