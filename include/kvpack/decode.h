@@ -46,7 +46,10 @@ struct WriteArgs {
   uint16_t* v_sinks = nullptr;
   int64_t num_sink_rows = 0;
 };
-// Validates the host-visible arguments (throws kvpack::Error) and launches; never synchronises.
+// Validates the host-visible arguments (throws kvpack::Error) and launches; never synchronises. On sm_90 the q
+// formats' write kernels allow programmatic dependents at their first instruction (decode_step's query preparation
+// runs beside them): a kernel the caller launches after write_kv with programmatic stream serialization must wait
+// (griddepcontrol.wait / cudaGridDependencySynchronize) before it reads the cache, as PDL requires anyway.
 void write_kv(const PagedLayout& layout, const WriteArgs& args, void* stream = nullptr);
 
 // Slots for appending tokens to sequences in the CSR view, computed on the host from host copies of the table:
