@@ -151,6 +151,12 @@ void launch_decode(const DecodePlan& plan, const DecodeKernelParams& kp, void* s
 }
 }  // namespace
 
+bool decode_step_overlaps(Format f) {
+  // KVPACK_STEP_PDL=0: the query preparation after the write, as with write_kv then run_decode (measurement).
+  static const bool on = env_int("KVPACK_STEP_PDL", 1) != 0;
+  return on && lane_bits_x2(f) != 0 && lean_pdl_on();
+}
+
 void run_decode(const DecodePlan& plan, const DecodeArgs& a, void* stream) {
   launch_decode(plan, decode_params(plan, a, false), stream);
 }
@@ -168,10 +174,8 @@ void decode_step(const PagedLayout& layout, const WriteArgs& w, const DecodePlan
                   "decode_step: the write's page pools (k_pool, v_pool, num_pages {}) are not the attention's "
                   "(num_pages {})",
                   w.num_pages, a.num_pages);
-  // KVPACK_STEP_PDL=0: the query preparation after the write, as with write_kv then run_decode (measurement).
-  static const bool overlap = env_int("KVPACK_STEP_PDL", 1) != 0;
   // The attention's checks first: nothing is launched when either call's arguments are bad.
-  const DecodeKernelParams kp = decode_params(plan, a, overlap && w.num_tokens > 0);
+  const DecodeKernelParams kp = decode_params(plan, a, w.num_tokens > 0 && decode_step_overlaps(s.format));
   write_kv(layout, w, stream);
   launch_decode(plan, kp, stream);
 }

@@ -56,4 +56,12 @@ int& write_small_tokens();
 // environment's KVPACK_WRITE_SMALL_MAX at the first call, for measurements). Tests raise it to run every launch size
 // through the small kernel.
 int& write_small_max();
+// Which write kernel a launch of `num_tokens` tokens of format `f` takes ("q-small", "q-rows", "q-tiles" for the q
+// formats, "plain" for the others): benchmark rows record it.
+const char* write_kernel_name(Format f, int num_tokens);
+// Whether decode_step runs the query preparation beside the write (q formats, sm_90, programmatic dependent launch
+// on: KVPACK_PDL, KVPACK_STEP_PDL): what decode_step does, and what benchmark step rows record.
+bool decode_step_overlaps(Format f);
+// The lean path's programmatic dependent launch (sm_90 and KVPACK_PDL != 0).
+bool lean_pdl_on();
 }  // namespace kvpack

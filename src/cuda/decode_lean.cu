@@ -31,6 +31,8 @@ bool launch_lean_decode(Format f, const DecodeKernelParams& kp, int head_dim, in
 }  // namespace kvpack::cuda_detail
 
 namespace kvpack {
+bool lean_pdl_on() { return cuda_detail::lean_pdl_applies(); }
+
 bool lean_stamps_reset() {
 #ifdef KVPACK_LEAN_STAMPS
   const unsigned zero = 0;

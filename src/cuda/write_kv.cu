@@ -653,6 +653,12 @@ __global__ void dequant_pages_kernel(const uint8_t* __restrict__ pool, int64_t n
 
 using namespace cuda_detail;
 
+const char* write_kernel_name(Format f, int num_tokens) {
+  if (!lane_bits_x2(f)) return "plain";
+  return num_tokens <= write_small_max() ? "q-small" : num_tokens < kQTilesFrom ? "q-rows" : "q-tiles";
+}
+
+
 void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
   KVPACK_CU_CHECK(a.num_tokens >= 0, "write_kv: num_tokens {} < 0", a.num_tokens);
   if (a.num_tokens == 0) return;
