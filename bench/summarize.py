@@ -185,7 +185,9 @@ def measured_steps(rows, dec, fmts):
         return
     print("\n### A decode step measured whole (`--step`: write of `batch` tokens, then attention, in one graph)\n")
     print("fp8's step / the format's step; in parentheses attention alone (fp8 / format), then what the write adds "
-          "to the format's step (step - attention, us).\n")
+          "to the format's step (step - attention, us). Rows with \"step_overlap\" (decode_step, v61 on: q formats on "
+          "sm_90) run the query preparation beside the write, so that is what the write costs the step, not its "
+          "time.\n")
     print("| format | shape | batch | context | step | fp8 step us | format step us |")
     print("|---|---|---|---|---|---|---|")
     for f in ["fp8"] + fmts:
