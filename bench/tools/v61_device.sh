@@ -4,7 +4,8 @@
 # (this tree with bench/tools/v61.patch reversed; NO_BASE=1 skips it).
 #   LIMIT_S=420 bash bench/tools/v61_device.sh
 # Files in $OUT: log.txt, ab_write.json, ab_step.json (variants: base = f4eaab0; seq = this build, KVPACK_STEP_PDL=0;
-# new = this build; s64 / s511 = new with KVPACK_WRITE_SMALL_MAX=64 / 511), tests.log; ncu_q4_1.txt with NCU_PROFILE=1.
+# new = this build; s64 / s511 = new with KVPACK_WRITE_SMALL_MAX=64 / 511; s64a / s511a the same with the tile chosen
+# per launch, KVPACK_WRITE_SMALL_TOK=0), tests.log; ncu_q4_1.txt with NCU_PROFILE=1.
 # NO_BASE=1 (a short call): no base build, "base" is this build with KVPACK_STEP_PDL=0 KVPACK_WRITE_SMALL_MAX=8 (the
 # two calls' order, the small kernel up to 8 tokens), and neither "new" duplicate nor "seq" runs.
 source "$(dirname "$0")/device_env.sh" /tmp/v61_out /tmp/v61_work 420
@@ -31,12 +32,15 @@ for r in $(seq 1 ${ROUNDS:-2}); do
   [ -z "${NO_BASE:-}" ] && KVPACK_STEP_PDL=0 ./build-device/kvpack bench $STEP --json "$W/s/ab_seq_$r.json" > /dev/null 2>&1
   ./build-device/kvpack bench $STEP --json "$W/s/ab_new_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $STEP --json "$W/s/ab_s64_$r.json" > /dev/null 2>&1
+  KVPACK_WRITE_SMALL_MAX=64 KVPACK_WRITE_SMALL_TOK=0 ./build-device/kvpack bench $STEP --json "$W/s/ab_s64a_$r.json" > /dev/null 2>&1
   stamp "step round $r"
   AB_KIND=step python3 bench/tools/ab_summary.py "$W/s" "$OUT/ab_step.json" > "$OUT/ab_step.txt"
   $BASE bench $GRID --json "$W/w/ab_base_$r.json" > /dev/null 2>&1
   [ -z "${NO_BASE:-}" ] && ./build-device/kvpack bench $GRID --json "$W/w/ab_new_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=64 ./build-device/kvpack bench $GRID --json "$W/w/ab_s64_$r.json" > /dev/null 2>&1
   KVPACK_WRITE_SMALL_MAX=511 ./build-device/kvpack bench $GRID --json "$W/w/ab_s511_$r.json" > /dev/null 2>&1
+  KVPACK_WRITE_SMALL_MAX=64 KVPACK_WRITE_SMALL_TOK=0 ./build-device/kvpack bench $GRID --json "$W/w/ab_s64a_$r.json" > /dev/null 2>&1
+  KVPACK_WRITE_SMALL_MAX=511 KVPACK_WRITE_SMALL_TOK=0 ./build-device/kvpack bench $GRID --json "$W/w/ab_s511a_$r.json" > /dev/null 2>&1
   stamp "write round $r"
   AB_KIND=write python3 bench/tools/ab_summary.py "$W/w" "$OUT/ab_write.json" > "$OUT/ab_write.txt"
   AB_KIND=step python3 bench/tools/ab_summary.py "$W/s" "$OUT/ab_step.json" > "$OUT/ab_step.txt"

@@ -50,7 +50,8 @@ LeanLaunchInfo lean_last_launch();
 bool lean_stamps_reset();
 bool lean_stamps_dump(const char* path, const char* label);
 // The q write path's small kernel (launches of up to write_small_max() tokens): tokens per CTA, 2, 4 or 8 (default
-// 2; the environment's KVPACK_WRITE_SMALL_TOK at the first call, for measurements). Tests set it to cover every tile.
+// 2; the environment's KVPACK_WRITE_SMALL_TOK at the first call, for measurements), or 0: per launch, the smallest
+// tile whose grid fits one wave (write_kv.cu, small_tile). Tests set it to cover every tile.
 int& write_small_tokens();
 // The largest launch (tokens) the small kernel takes; larger ones take write_kv_q_kernel's tiles (default 8; the
 // environment's KVPACK_WRITE_SMALL_MAX at the first call, for measurements). Tests raise it to run every launch size

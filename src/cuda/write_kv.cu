@@ -14,7 +14,7 @@ namespace kvpack {
 int& write_small_tokens() {
   static int t = [] {
     const int v = env_int("KVPACK_WRITE_SMALL_TOK", 2);
-    return v == 2 || v == 4 || v == 8 ? v : 2;
+    return v == 0 || v == 2 || v == 4 || v == 8 ? v : 2;
   }();
   return t;
 }
@@ -554,10 +554,41 @@ template <class P, int D, QWriteKind K>
 void launch_write_q_as(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
   launch_q_kernel<write_kv_q_kernel<P, D, K>>(QWriteGeo<D, K>::kSmem, QWriteGeo<D, K>::kTok, l, a, st);
 }
+// The small kernel's resident CTAs per SM at tile T (its dynamic shared memory opted in), once per instance.
+template <class P, int D, int T>
+int small_ctas_per_sm() {
+  static const int n = [] {
+    constexpr size_t smem = QSmallGeo<D, T, P::template Block<D>::kScaleCandidates>::kSmem;
+    int c = 0;
+    if (cudaFuncSetAttribute(write_kv_q_small_kernel<P, D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, write_kv_q_small_kernel<P, D, T>, kQThreads, smem) !=
+            cudaSuccess)
+      c = 1;
+    cudaGetLastError();
+    return c > 0 ? c : 1;
+  }();
+  return n;
+}
+// The small kernel's tile: write_small_tokens(), or with 0 (KVPACK_WRITE_SMALL_TOK=0, measurement) the smallest
+// tile whose grid, ceil(n / T) x 2 H CTAs, fits one wave (v61: at 8 tokens a CTA of 2 tokens took 7.2 us, of 4 9.0
+// and of 8 13.7, so fewer tokens per CTA pay while the grid fits), else 8.
+template <class P, int D>
+int small_tile(int num_tokens, int num_kv_heads) {
+  const int t = write_small_tokens();
+  if (t != 0) return t;
+  const int64_t slots = int64_t{device_sm_count()};
+  auto fits = [&](int tile, int per_sm) {
+    return int64_t{(num_tokens + tile - 1) / tile} * 2 * num_kv_heads <= slots * per_sm;
+  };
+  if (fits(2, small_ctas_per_sm<P, D, 2>())) return 2;
+  if (fits(4, small_ctas_per_sm<P, D, 4>())) return 4;
+  return 8;
+}
 template <class P, int D>
 void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
   if (a.num_tokens <= write_small_max()) {
-    const int t = write_small_tokens();
+    const int t = small_tile<P, D>(a.num_tokens, l.num_kv_heads);
     if (t == 2) launch_write_q_small<P, D, 2>(l, a, st);
     else if (t == 4) launch_write_q_small<P, D, 4>(l, a, st);
     else launch_write_q_small<P, D, 8>(l, a, st);
@@ -655,6 +686,7 @@ using namespace cuda_detail;
 
 const char* write_kernel_name(Format f, int num_tokens) {
   if (!lane_bits_x2(f)) return "plain";
+  // (the small kernel's tile: write_small_tokens(); with 0 it depends on the launch, see small_tile)
   return num_tokens <= write_small_max() ? "q-small" : num_tokens < kQTilesFrom ? "q-rows" : "q-tiles";
 }
 

@@ -113,13 +113,13 @@ TEST(PagedWriteGpu, ByteExactVsCpuEncoder) {
 }
 
 // The q formats' small kernel (decode steps, v60) at every launch size: the same launches with the small kernel
-// taking all of them, in tiles of 2 and 8 tokens.
+// taking all of them, in tiles of 2 and 8 tokens, and in the tile chosen per launch (v61).
 TEST(PagedWriteGpu, ByteExactThroughTheSmallKernel) {
   KVPACK_REQUIRE_GPU();
   std::mt19937 rng(4321);
   const int saved_max = write_small_max(), saved_tile = write_small_tokens();
   write_small_max() = 1 << 20;
-  for (int tile : {2, 8}) {
+  for (int tile : {2, 8, 0}) {  // 0: the tile chosen per launch (small_tile)
     write_small_tokens() = tile;
     for (Format f : {Format::q4, Format::q3_5, Format::q3})
       for (int D : {64, 128})
