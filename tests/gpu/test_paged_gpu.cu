@@ -25,6 +25,20 @@ WriteArgs device_write(const FormatParams& params, const DevBuf<uint16_t>& k, co
   return {.k = k.p, .v = v.p, .slot_mapping = slots.p, .num_tokens = n, .k_pool = k_pool.p, .v_pool = v_pool.p,
           .num_pages = num_pages, .params = params, .status = status};
 }
+// Decode attention over a device batch's pools through `table` (query q, output out, workspace ws); no LSE, status,
+// format parameters or sinks: callers add what they test.
+DecodeArgs device_decode(const DevBatch& d, int64_t num_pages, PageTableView table, const uint16_t* q, uint16_t* out,
+                         void* ws) {
+  DecodeArgs a;
+  a.q = q;
+  a.k_pool = d.k_pool.p;
+  a.v_pool = d.v_pool.p;
+  a.num_pages = num_pages;
+  a.table = table;
+  a.out = out;
+  a.workspace = ws;
+  return a;
+}
 // The write of host K/V tokens at `slots` into the device pools kp / vp (pb's pages, layout l, pb's parameters),
 // synchronised; the launch's status word into `status`.
 void write_tokens(const PagedLayout& l, const PagedBatch& pb, const std::vector<uint16_t>& k,
@@ -774,16 +788,10 @@ void check_decode_step(const StepCase& c, std::mt19937& rng, bool graph) {
   auto side = [&](const DevBatch& d, Side& sd) {
     sd.w = WriteArgs{.k = dk.p, .v = dv.p, .slot_mapping = ds.p, .num_tokens = batch, .k_pool = d.k_pool.p,
                      .v_pool = d.v_pool.p, .num_pages = pb.num_pages, .params = d.params(), .status = sd.status.p};
-    sd.a.q = dq.p;
-    sd.a.k_pool = d.k_pool.p;
-    sd.a.v_pool = d.v_pool.p;
-    sd.a.num_pages = pb.num_pages;
-    sd.a.table = d.block_view(batch, pb.max_blocks);
+    sd.a = device_decode(d, pb.num_pages, d.block_view(batch, pb.max_blocks), dq.p, sd.out.p, sd.ws.p);
     sd.a.params = d.params();
     sd.a.sinks = d.sinks();
-    sd.a.out = sd.out.p;
     sd.a.lse = sd.lse.p;
-    sd.a.workspace = sd.ws.p;
     sd.a.status = sd.status.p;
   };
   const size_t out_n = size_t(batch) * c.qo * c.D, lse_n = size_t(batch) * c.qo;
@@ -861,15 +869,8 @@ TEST(DecodeStepGpu, BadArgumentsAreErrors) {
   ws.fill_bytes(0);
   const WriteArgs w{.k = k.p, .v = v.p, .slot_mapping = slots.p, .num_tokens = 2, .k_pool = d.k_pool.p,
                     .v_pool = d.v_pool.p, .num_pages = pb.num_pages, .params = d.params()};
-  DecodeArgs a;
-  a.q = q.p;
-  a.k_pool = d.k_pool.p;
-  a.v_pool = d.v_pool.p;
-  a.num_pages = pb.num_pages;
-  a.table = d.csr_view(2);
+  DecodeArgs a = device_decode(d, pb.num_pages, d.csr_view(2), q.p, out.p, ws.p);
   a.params = d.params();
-  a.out = out.p;
-  a.workspace = ws.p;
   // The layout must be the plan's shape.
   EXPECT_THROW(decode_step(make_paged_layout(Format::q4, 32, 2, 64), w, plan, a), Error);
   EXPECT_THROW(decode_step(make_paged_layout(Format::q3, 16, 2, 64), w, plan, a), Error);
@@ -910,14 +911,7 @@ TEST(DecodeGpu, BadArgumentsAreErrorsNotCrashes) {
   DevBuf<uint8_t> ws(plan.workspace_bytes);
   ws.fill_bytes(0);
   DevBuf<int32_t> status(std::vector<int32_t>{0});
-  DecodeArgs a;
-  a.q = dq.p;
-  a.k_pool = db.k_pool.p;
-  a.v_pool = db.v_pool.p;
-  a.num_pages = pb.num_pages;
-  a.table = db.csr_view(2);
-  a.out = out.p;
-  a.workspace = ws.p;
+  DecodeArgs a = device_decode(db, pb.num_pages, db.csr_view(2), dq.p, out.p, ws.p);
   a.status = status.p;
   DecodeArgs bad = a;
   bad.table.pages = nullptr;
