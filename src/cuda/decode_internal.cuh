@@ -1,5 +1,7 @@
 // Internals shared by the decode kernels, plan() and the tuner (not public API).
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdlib>
 
@@ -10,6 +12,19 @@ namespace kvpack {
 inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v ? std::atoi(v) : fallback;
+}
+// A kernel's dynamic shared-memory opt-in to `smem` bytes, then its resident CTAs per SM at `threads` threads (0 when
+// either call fails: it cannot run here). Callers cache it once per instance (the lean path's kernels, the q write's
+// small kernel).
+template <class Kernel>
+inline int kernel_opt_in(Kernel kernel, int threads, size_t smem) {
+  int n = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess)
+    n = 0;
+  cudaGetLastError();
+  return n;
 }
 size_t decode_stage_bytes(Format f, int head_dim);
 size_t decode_smem_bytes(Format f, int head_dim, int group, int stages);

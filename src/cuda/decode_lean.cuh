@@ -1393,24 +1393,11 @@ inline void lean_launch(void (*kernel)(KArgs...), dim3 grid, unsigned threads, s
 // q4, q3.5 and q3 always take the lean kernel (their lane layout has no other reader): every head dim, sm_80 and later.
 inline bool lean_q_applies() { return device_cc_major() >= 8; }
 
-// A kernel's dynamic shared-memory opt-in to `smem` bytes, then its resident CTAs per SM at `threads` threads (0 when
-// either call fails: it cannot run here). Callers cache it once per instance.
-template <class Kernel>
-inline int lean_opt_in(Kernel kernel, int threads, size_t smem) {
-  int n = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess)
-    n = 0;
-  cudaGetLastError();
-  return n;
-}
-
 // A lean kernel instance's opt-in, once per instance; its resident CTAs per SM (0 when it cannot run here). The
 // leaf-only and warp-only instances (q formats) have 4 where they fit, the general one 3 (LeanGeo).
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 inline int lean_prepare() {
-  static const int ctas = lean_opt_in(lean_kernel<D, B2, I>, kLeanWarps * 32, LeanGeo<D, B2, I>::kSmem);
+  static const int ctas = kernel_opt_in(lean_kernel<D, B2, I>, kLeanWarps * 32, LeanGeo<D, B2, I>::kSmem);
   return ctas;
 }
 
@@ -1419,7 +1406,7 @@ template <int D, int B2, int P>
 inline size_t lean_q_prep_smem() {
   static const size_t bytes = [] {
     const size_t n = size_t(D) * D * sizeof(float);
-    lean_opt_in(lean_q_prep_kernel<D, B2, P>, kLeanWarps * 32, n);
+    kernel_opt_in(lean_q_prep_kernel<D, B2, P>, kLeanWarps * 32, n);
     return n;
   }();
   return bytes;
@@ -1429,7 +1416,7 @@ inline size_t lean_q_prep_smem() {
 template <int D, int B2, int S>
 inline int lean_merge_prepare() {
   static const int ctas =
-      std::max(lean_opt_in(lean_merge_kernel<D, B2, S>, S * kMergeSliceThreads, lean_merge_smem<D>(S)), 1);
+      std::max(kernel_opt_in(lean_merge_kernel<D, B2, S>, S * kMergeSliceThreads, lean_merge_smem<D>(S)), 1);
   return ctas;
 }
 template <int D, int B2>

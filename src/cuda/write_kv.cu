@@ -1,6 +1,7 @@
 // Paged KV write path (quantise new bf16 K/V tokens into their slots) and the whole-page dequantiser (tests).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "decode_internal.cuh"
@@ -176,9 +177,15 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
 // (decode steps) take write_kv_q_small_kernel below. History in bench/NOTES.md.
 constexpr int kQThreads = 512;
 constexpr int kQTilesFrom = 512;  // PagedWriteGpu.ByteExactVsCpuEncoder's launches fall on both sides
-enum class QWriteKind { kRows, kTiles };
+// kSmall: write_kv_q_small_kernel (below); kRows and kTiles: write_kv_q_kernel's two forms.
+enum class QWriteKind { kSmall, kRows, kTiles };
+// The kernel a q-format launch of n tokens takes (launch_write_q, and the name benchmark rows record).
+inline QWriteKind q_write_kind(int n) {
+  return n <= write_small_max() ? QWriteKind::kSmall : n < kQTilesFrom ? QWriteKind::kRows : QWriteKind::kTiles;
+}
 template <int D, QWriteKind K>
 struct QWriteGeo {
+  static_assert(K != QWriteKind::kSmall, "the small kernel's geometry is QSmallGeo");
   static constexpr bool kTiles = K == QWriteKind::kTiles;
   static constexpr int kTok = kTiles ? 64 : 32;                       // tokens per CTA
   static constexpr int kF = kTiles ? D + 4 : D;                       // F's row stride
@@ -554,20 +561,13 @@ template <class P, int D, QWriteKind K>
 void launch_write_q_as(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
   launch_q_kernel<write_kv_q_kernel<P, D, K>>(QWriteGeo<D, K>::kSmem, QWriteGeo<D, K>::kTok, l, a, st);
 }
-// The small kernel's resident CTAs per SM at tile T (its dynamic shared memory opted in), once per instance.
+// The small kernel's resident CTAs per SM at tile T (its dynamic shared memory opted in; at least 1), once per
+// instance.
 template <class P, int D, int T>
 int small_ctas_per_sm() {
-  static const int n = [] {
-    constexpr size_t smem = QSmallGeo<D, T, P::template Block<D>::kScaleCandidates>::kSmem;
-    int c = 0;
-    if (cudaFuncSetAttribute(write_kv_q_small_kernel<P, D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, write_kv_q_small_kernel<P, D, T>, kQThreads, smem) !=
-            cudaSuccess)
-      c = 1;
-    cudaGetLastError();
-    return c > 0 ? c : 1;
-  }();
+  static const int n = std::max(kernel_opt_in(write_kv_q_small_kernel<P, D, T>, kQThreads,
+                                              QSmallGeo<D, T, P::template Block<D>::kScaleCandidates>::kSmem),
+                                1);
   return n;
 }
 // The small kernel's tile: write_small_tokens(), or with 0 (KVPACK_WRITE_SMALL_TOK=0, measurement) the smallest
@@ -587,12 +587,13 @@ int small_tile(int num_tokens, int num_kv_heads) {
 }
 template <class P, int D>
 void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
-  if (a.num_tokens <= write_small_max()) {
+  const QWriteKind kind = q_write_kind(a.num_tokens);
+  if (kind == QWriteKind::kSmall) {
     const int t = small_tile<P, D>(a.num_tokens, l.num_kv_heads);
     if (t == 2) launch_write_q_small<P, D, 2>(l, a, st);
     else if (t == 4) launch_write_q_small<P, D, 4>(l, a, st);
     else launch_write_q_small<P, D, 8>(l, a, st);
-  } else if (a.num_tokens < kQTilesFrom) launch_write_q_as<P, D, QWriteKind::kRows>(l, a, st);
+  } else if (kind == QWriteKind::kRows) launch_write_q_as<P, D, QWriteKind::kRows>(l, a, st);
   else launch_write_q_as<P, D, QWriteKind::kTiles>(l, a, st);
 }
 
@@ -686,10 +687,9 @@ using namespace cuda_detail;
 
 const char* write_kernel_name(Format f, int num_tokens) {
   if (!lane_bits_x2(f)) return "plain";
-  // (the small kernel's tile: write_small_tokens(); with 0 it depends on the launch, see small_tile)
-  return num_tokens <= write_small_max() ? "q-small" : num_tokens < kQTilesFrom ? "q-rows" : "q-tiles";
+  const QWriteKind kind = q_write_kind(num_tokens);
+  return kind == QWriteKind::kSmall ? "q-small" : kind == QWriteKind::kRows ? "q-rows" : "q-tiles";
 }
-
 
 void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
   KVPACK_CU_CHECK(a.num_tokens >= 0, "write_kv: num_tokens {} < 0", a.num_tokens);
