@@ -306,17 +306,11 @@ AttnResult run_attention(const PagedBatch& pb, const DevBatch& db, const std::ve
   DevBuf<uint8_t> ws(plan.workspace_bytes);
   ws.fill_bytes(0);
   DevBuf<int32_t> status(std::vector<int32_t>{0});
-  DecodeArgs a;
-  a.q = dq.p;
-  a.k_pool = db.k_pool.p;
-  a.v_pool = db.v_pool.p;
-  a.num_pages = pb.num_pages;
-  a.table = csr ? db.csr_view(batch) : db.block_view(batch, pb.max_blocks);
+  DecodeArgs a = device_decode(db, pb.num_pages, csr ? db.csr_view(batch) : db.block_view(batch, pb.max_blocks), dq.p,
+                               out.p, ws.p);
   a.params = db.params();
   if (sinks) a.sinks = db.sinks();
-  a.out = out.p;
   a.lse = lse.p;
-  a.workspace = ws.p;
   a.status = status.p;
   run_decode(plan, a);
   EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
@@ -683,15 +677,8 @@ TEST(DecodeGpu, GraphCaptureAndReplayReadsLengthsOnDevice) {
   DevBuf<float> lse(batch * qo);
   DevBuf<uint8_t> ws(plan.workspace_bytes);
   ws.fill_bytes(0);
-  DecodeArgs a;
-  a.q = dq.p;
-  a.k_pool = db.k_pool.p;
-  a.v_pool = db.v_pool.p;
-  a.num_pages = pb.num_pages;
-  a.table = db.block_view(batch, pb.max_blocks);
-  a.out = out.p;
+  DecodeArgs a = device_decode(db, pb.num_pages, db.block_view(batch, pb.max_blocks), dq.p, out.p, ws.p);
   a.lse = lse.p;
-  a.workspace = ws.p;
   cudaStream_t st;
   CUDA_OK(cudaStreamCreate(&st));
   cudaGraph_t graph;
