@@ -64,13 +64,15 @@ LeanLaunchInfo lean_last_launch();
 // to `path` under `label`. Both return false when the stamps are not compiled in.
 bool lean_stamps_reset();
 bool lean_stamps_dump(const char* path, const char* label);
-// The q write path's small kernel (launches of up to write_small_max() tokens): tokens per CTA, 2, 4 or 8 (default
-// 2; the environment's KVPACK_WRITE_SMALL_TOK at the first call, for measurements), or 0: per launch, the smallest
-// tile whose grid fits one wave (write_kv.cu, small_tile). Tests set it to cover every tile.
+// The q write path's small kernel (launches of up to write_small_max() tokens): tokens per CTA, 2, 4 or 8, or 0 (the
+// default since v62): per launch, the smallest tile whose grid fits one wave (write_kv.cu, small_tile). The
+// environment's KVPACK_WRITE_SMALL_TOK at the first call overrides it, for measurements; tests set it to cover every
+// tile.
 int& write_small_tokens();
-// The largest launch (tokens) the small kernel takes; larger ones take write_kv_q_kernel's tiles (default 8; the
-// environment's KVPACK_WRITE_SMALL_MAX at the first call, for measurements). Tests raise it to run every launch size
-// through the small kernel.
+// The largest launch (tokens) the small kernel takes; larger ones take write_kv_q_kernel's rows or tiles (default 64
+// since v62, bench/NOTES.md: a 64-token launch 35-45 us -> 7-14 us on an H100; the environment's
+// KVPACK_WRITE_SMALL_MAX at the first call, for measurements). Tests raise it to run every launch size through the
+// small kernel.
 int& write_small_max();
 // Which write kernel a launch of `num_tokens` tokens of format `f` takes ("q-small", "q-rows", "q-tiles" for the q
 // formats, "plain" for the others): benchmark rows record it.

@@ -14,15 +14,15 @@ namespace kvpack {
 
 int& write_small_tokens() {
   static int t = [] {
-    const int v = env_int("KVPACK_WRITE_SMALL_TOK", 2);
-    return v == 0 || v == 2 || v == 4 || v == 8 ? v : 2;
+    const int v = env_int("KVPACK_WRITE_SMALL_TOK", 0);
+    return v == 0 || v == 2 || v == 4 || v == 8 ? v : 0;
   }();
   return t;
 }
 int& write_small_max() {
   static int t = [] {
-    const int v = env_int("KVPACK_WRITE_SMALL_MAX", 8);
-    return v >= 1 ? v : 8;
+    const int v = env_int("KVPACK_WRITE_SMALL_MAX", 64);
+    return v >= 1 ? v : 64;
   }();
   return t;
 }
@@ -164,7 +164,7 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
 
 // q formats, launches of more than write_small_max() tokens: one CTA of 512 threads per (tile of tokens, kv head,
 // K|V). The head's forward transform F is staged in shared memory once per CTA. Two forms by launch size (QWriteKind):
-//   kRows (up to kQTilesFrom tokens: decode steps of batch 9-511): tiles of 32 tokens, lanes = tokens, each warp its
+//   kRows (up to kQTilesFrom tokens: decode steps of batch 65-511): tiles of 32 tokens, lanes = tokens, each warp its
 //     D/16 rows together (transform_rows; every F read a broadcast) (v13b);
 //   kTiles (prefill): tiles of 64 tokens, each thread a register tile of D/32 rows x 4 tokens (dot_tile: 16-byte
 //     loads of F and of the centred inputs, rows padded to D + 4, 8 shared loads per 64 FMAs instead of one load
@@ -570,9 +570,9 @@ int small_ctas_per_sm() {
                                 1);
   return n;
 }
-// The small kernel's tile: write_small_tokens(), or with 0 (KVPACK_WRITE_SMALL_TOK=0, measurement) the smallest
-// tile whose grid, ceil(n / T) x 2 H CTAs, fits one wave (v61: at 8 tokens a CTA of 2 tokens took 7.2 us, of 4 9.0
-// and of 8 13.7, so fewer tokens per CTA pay while the grid fits), else 8.
+// The small kernel's tile: write_small_tokens(), or with 0 (the default since v62) the smallest tile whose grid,
+// ceil(n / T) x 2 H CTAs, fits one wave (v61: at 8 tokens a CTA of 2 tokens took 7.2 us, of 4 9.0 and of 8 13.7, so
+// fewer tokens per CTA pay while the grid fits; at 64 tokens of 32q/8kv, tile 4 12.8 us, tile 2 16.1), else 8.
 template <class P, int D>
 int small_tile(int num_tokens, int num_kv_heads) {
   const int t = write_small_tokens();
