@@ -69,14 +69,14 @@ bool lean_stamps_dump(const char* path, const char* label);
 // environment's KVPACK_WRITE_SMALL_TOK at the first call overrides it, for measurements; tests set it to cover every
 // tile.
 int& write_small_tokens();
-// The largest launch (tokens) the small kernel takes; larger ones take write_kv_q_kernel's rows or tiles (default 64
-// since v62, bench/NOTES.md: a 64-token launch 35-45 us -> 7-14 us on an H100; the environment's
-// KVPACK_WRITE_SMALL_MAX at the first call, for measurements). Tests raise it to run every launch size through the
-// small kernel.
+// The largest launch (tokens) the small kernel takes, or 0 (the default since v62): per launch, while the small
+// kernel's grid fits 1.5 waves (write_kv.cu, q_write_kind; bench/NOTES.md v62: a 64-token launch 35-45 us -> 7-14
+// us on an H100). Larger launches take write_kv_q_kernel's rows or tiles. The environment's KVPACK_WRITE_SMALL_MAX at
+// the first call overrides it, for measurements; tests set it to run every launch size through one kernel.
 int& write_small_max();
-// Which write kernel a launch of `num_tokens` tokens of format `f` takes ("q-small", "q-rows", "q-tiles" for the q
-// formats, "plain" for the others): benchmark rows record it.
-const char* write_kernel_name(Format f, int num_tokens);
+// Which write kernel a launch of `num_tokens` tokens of format `f` over `num_kv_heads` heads of `head_dim` takes
+// ("q-small", "q-rows", "q-tiles" for the q formats, "plain" for the others): benchmark rows record it.
+const char* write_kernel_name(Format f, int num_kv_heads, int head_dim, int num_tokens);
 // Whether decode_step runs the query preparation beside the write (q formats, sm_90, programmatic dependent launch
 // on: KVPACK_PDL, KVPACK_STEP_PDL): what decode_step does, and what benchmark step rows record.
 bool decode_step_overlaps(Format f);

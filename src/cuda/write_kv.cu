@@ -21,8 +21,8 @@ int& write_small_tokens() {
 }
 int& write_small_max() {
   static int t = [] {
-    const int v = env_int("KVPACK_WRITE_SMALL_MAX", 64);
-    return v >= 1 ? v : 64;
+    const int v = env_int("KVPACK_WRITE_SMALL_MAX", 0);
+    return v >= 0 ? v : 0;
   }();
   return t;
 }
@@ -179,10 +179,6 @@ constexpr int kQThreads = 512;
 constexpr int kQTilesFrom = 512;  // PagedWriteGpu.ByteExactVsCpuEncoder's launches fall on both sides
 // kSmall: write_kv_q_small_kernel (below); kRows and kTiles: write_kv_q_kernel's two forms.
 enum class QWriteKind { kSmall, kRows, kTiles };
-// The kernel a q-format launch of n tokens takes (launch_write_q, and the name benchmark rows record).
-inline QWriteKind q_write_kind(int n) {
-  return n <= write_small_max() ? QWriteKind::kSmall : n < kQTilesFrom ? QWriteKind::kRows : QWriteKind::kTiles;
-}
 template <int D, QWriteKind K>
 struct QWriteGeo {
   static_assert(K != QWriteKind::kSmall, "the small kernel's geometry is QSmallGeo");
@@ -585,9 +581,24 @@ int small_tile(int num_tokens, int num_kv_heads) {
   if (fits(4, small_ctas_per_sm<P, D, 4>())) return 4;
   return 8;
 }
+// The kernel a q-format launch of n tokens over H kv heads takes (launch_write_q, and the name benchmark rows
+// record). With write_small_max() 0 (the default since v62) launches under kQTilesFrom take the small kernel while its
+// grid in tiles of 8 tokens, ceil(n / 8) x 2 H CTAs, fits 1.5 waves, else kRows. v62 (H100, 2 CTAs per SM, 264
+// slots): 32q/8kv 128 tokens (256 CTAs) 21.4 us against kRows' 36.1, 256 tokens (512) 38.9 against 37.2; 9q/3kv 511
+// tokens (384) 17.2 against 19.9; 8q/1kv 511 tokens (128) 12.9 against 35.7. A fixed write_small_max() (tests,
+// KVPACK_WRITE_SMALL_MAX) sends every launch of up to that many tokens to the small kernel.
+template <class P, int D>
+QWriteKind q_write_kind(int n, int num_kv_heads) {
+  if (const int m = write_small_max(); m > 0)
+    return n <= m ? QWriteKind::kSmall : n < kQTilesFrom ? QWriteKind::kRows : QWriteKind::kTiles;
+  if (n >= kQTilesFrom) return QWriteKind::kTiles;
+  const int64_t ctas = int64_t{(n + 7) / 8} * 2 * num_kv_heads;
+  return 2 * ctas <= 3 * int64_t{device_sm_count()} * small_ctas_per_sm<P, D, 8>() ? QWriteKind::kSmall
+                                                                                   : QWriteKind::kRows;
+}
 template <class P, int D>
 void launch_write_q(const PagedLayout& l, const WriteArgs& a, cudaStream_t st) {
-  const QWriteKind kind = q_write_kind(a.num_tokens);
+  const QWriteKind kind = q_write_kind<P, D>(a.num_tokens, l.num_kv_heads);
   if (kind == QWriteKind::kSmall) {
     const int t = small_tile<P, D>(a.num_tokens, l.num_kv_heads);
     if (t == 2) launch_write_q_small<P, D, 2>(l, a, st);
@@ -685,10 +696,17 @@ __global__ void dequant_pages_kernel(const uint8_t* __restrict__ pool, int64_t n
 
 using namespace cuda_detail;
 
-const char* write_kernel_name(Format f, int num_tokens) {
-  if (!lane_bits_x2(f)) return "plain";
-  const QWriteKind kind = q_write_kind(num_tokens);
-  return kind == QWriteKind::kSmall ? "q-small" : kind == QWriteKind::kRows ? "q-rows" : "q-tiles";
+const char* write_kernel_name(Format f, int num_kv_heads, int head_dim, int num_tokens) {
+  const char* name = "plain";
+  KVPACK_DISPATCH_FORMAT(f, P, [&] {
+    KVPACK_DISPATCH_HEAD_DIM(head_dim, D, [&] {
+      if constexpr (P::kQ) {
+        const QWriteKind kind = q_write_kind<P, D>(num_tokens, num_kv_heads);
+        name = kind == QWriteKind::kSmall ? "q-small" : kind == QWriteKind::kRows ? "q-rows" : "q-tiles";
+      }
+    });
+  });
+  return name;
 }
 
 void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {

@@ -144,6 +144,20 @@ TEST(PagedWriteGpu, ByteExactThroughTheSmallKernel) {
   write_small_tokens() = saved_tile;
 }
 
+// And the other way round: the same launches with the small kernel capped at 1 token, so that every launch of
+// 2-511 tokens takes kRows (by default, since v62, only those whose small grid would not fit 1.5 waves do).
+TEST(PagedWriteGpu, ByteExactThroughTheRowsKernel) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(4322);
+  const int saved_max = write_small_max();
+  write_small_max() = 1;
+  for (Format f : {Format::q4, Format::q3_5, Format::q3})
+    for (int D : {64, 128})
+      for (int P : {16, 128})
+        for (int H : {1, 3}) check_write_byte_exact(f, D, P, H, rng);
+  write_small_max() = saved_max;
+}
+
 TEST(PagedWriteGpu, DecodeStepOneTokenPerSequence) {
   KVPACK_REQUIRE_GPU();
   std::mt19937 rng(77);
@@ -728,9 +742,9 @@ TEST(DecodeGpu, GraphCaptureAndReplayReadsLengthsOnDevice) {
 // decode_step must give the pools and the output bits of write_kv then run_decode, whatever runs beside what (q
 // formats on sm_90: the query preparation overlaps the write, and must not let the lean kernel read the new token's
 // page before the write has finished). Each step overwrites every sequence's last token with new values, so a stale
-// read changes the output. Write launches of 3 tokens (the small kernel) and 20 (main's kRows), group 8 and 4,
-// head_dim 64 and 128; the output also against the fp64 reference on the CPU encoder's pools; one case captured in a
-// CUDA graph and replayed.
+// read changes the output. Write launches of 1, 3 and 20 tokens (the small kernel; 20 also through kRows), group 8
+// and 4, head_dim 64 and 128; the output also against the fp64 reference on the CPU encoder's pools; one case
+// captured in a CUDA graph and replayed.
 struct StepCase {
   Format f;
   int qo, H, D;
@@ -841,6 +855,12 @@ TEST(DecodeStepGpu, SameBytesAndBitsAsWriteThenDecode) {
     for (int D : {64, 128})
       for (const auto& [qo, H] : {std::pair{8, 1}, std::pair{12, 3}})
         for (const auto& lens : batches) check_decode_step(StepCase{f, qo, H, D, lens}, rng, false);
+  // The 20-token launches through kRows too (by default, since v62, they take the small kernel).
+  const int saved_max = write_small_max();
+  write_small_max() = 8;
+  for (Format f : {Format::q4, Format::q3_5, Format::q3})
+    for (int D : {64, 128}) check_decode_step(StepCase{f, 12, 3, D, twenty}, rng, false);
+  write_small_max() = saved_max;
   // Graph capture and replay (the replays write the same tokens again: same bytes, same output).
   check_decode_step(StepCase{Format::q4, 8, 1, 128, {4000, 33, 900}}, rng, true);
   check_decode_step(StepCase{Format::q3, 32, 8, 128, twenty}, rng, true);

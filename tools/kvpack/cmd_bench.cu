@@ -150,7 +150,8 @@ int run_bench(const Opts& o) {
                          {"min_us", st.min_us}, {"attention_us", t.median_us}, {"num_tokens", b},
                          {"bandwidth_tbs", st.bandwidth_tbs}, {"bytes", st.bytes},  // the cache's bytes / step time
                          {"timing", st.timing}, {"step_api", "decode_step"},
-                         {"step_overlap", kvpack::decode_step_overlaps(f)}, {"write_kernel", kvpack::write_kernel_name(f, b)}});
+                         {"step_overlap", kvpack::decode_step_overlaps(f)},
+                         {"write_kernel", kvpack::write_kernel_name(f, sh.kv, sh.d, b)}});
             if (f == kvpack::Format::fp8) fp8_step_us[{sh.qo, sh.kv, sh.d, b, c}] = st.median_us;
             rows.push_back(srow);
             fmt::print("{:<6} {:>2}q/{}kv/{:<3} b={:<3} ctx={:<6} {:>10.1f} us step (write {} tokens + attention)\n",
@@ -174,7 +175,7 @@ int run_bench(const Opts& o) {
           auto row = base_row(f, sh);
           row.update({{"kind", "write"}, {"batch", b}, {"num_tokens", n}, {"context", 0}, {"median_us", w.median_us},
                       {"bandwidth_tbs", w.bandwidth_tbs}, {"bytes", w.bytes}, {"frac_read_bw", w.bandwidth_tbs / read_bw},
-                      {"write_kernel", kvpack::write_kernel_name(f, n)}});
+                      {"write_kernel", kvpack::write_kernel_name(f, sh.kv, sh.d, n)}});
           rows.push_back(row);
           fmt::print("{:<6} write {:>6} tokens {:>10.2f} us {:>6.3f} TB/s\n", kvpack::format_name(f), n, w.median_us,
                      w.bandwidth_tbs);
