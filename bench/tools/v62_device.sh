@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call (bench/NOTES.md v62): main with the small q write as the default up to 64 tokens and its tile chosen
-# per launch. In order, each step's files written into $OUT as soon as it ends (a call cut short still returns them):
+# One device call (bench/NOTES.md v62, v62b): main with the small q write as the default (v62: up to 64 tokens; v62b:
+# while its grid fits 1.5 waves) and its tile chosen per launch. In order, each step's files written into $OUT as soon
+# as it ends (a call cut short still returns them):
 #   1. the write A/B on launches of 1-511 tokens (base = v61's defaults: KVPACK_WRITE_SMALL_MAX=8
 #      KVPACK_WRITE_SMALL_TOK=2; new = main; s64 / s511 = main with KVPACK_WRITE_SMALL_MAX=64 / 511): ab_write.json,
 #      ab_write.txt;
