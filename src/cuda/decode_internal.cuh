@@ -64,8 +64,8 @@ LeanLaunchInfo lean_last_launch();
 // to `path` under `label`. Both return false when the stamps are not compiled in.
 bool lean_stamps_reset();
 bool lean_stamps_dump(const char* path, const char* label);
-// The q write path's small kernel (launches of up to write_small_max() tokens): tokens per CTA, 2, 4 or 8, or 0 (the
-// default since v62): per launch, the smallest tile whose grid fits one wave (write_kv.cu, small_tile). The
+// The q write path's small kernel (the launches write_kv.cu's q_write_kind gives it): tokens per CTA, 2, 4 or 8,
+// or 0 (the default since v62): per launch, the smallest tile whose grid fits one wave (write_kv.cu, small_tile). The
 // environment's KVPACK_WRITE_SMALL_TOK at the first call overrides it, for measurements; tests set it to cover every
 // tile.
 int& write_small_tokens();

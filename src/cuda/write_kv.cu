@@ -162,10 +162,12 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
                   kv == 1);
 }
 
-// q formats, launches of more than write_small_max() tokens: one CTA of 512 threads per (tile of tokens, kv head,
-// K|V). The head's forward transform F is staged in shared memory once per CTA. Two forms by launch size (QWriteKind):
-//   kRows (up to kQTilesFrom tokens: decode steps of batch 65-511): tiles of 32 tokens, lanes = tokens, each warp its
-//     D/16 rows together (transform_rows; every F read a broadcast) (v13b);
+// q formats, the launches q_write_kind does not give the small kernel: one CTA of 512 threads per (tile of tokens,
+// kv head, K|V). The head's forward transform F is staged in shared memory once per CTA. Two forms by launch size
+// (QWriteKind):
+//   kRows (under kQTilesFrom tokens, where the small grid would not fit 1.5 waves: 32q/8kv 193-511 tokens): tiles
+//     of 32 tokens, lanes = tokens, each warp its D/16 rows together (transform_rows; every F read a broadcast)
+//     (v13b);
 //   kTiles (prefill): tiles of 64 tokens, each thread a register tile of D/32 rows x 4 tokens (dot_tile: 16-byte
 //     loads of F and of the centred inputs, rows padded to D + 4, 8 shared loads per 64 FMAs instead of one load
 //     per FMA) (v16: prefill 1.27x; on 16-64-token launches its 64-token tiles were 0.78-0.83x, hence kRows there).
@@ -173,8 +175,8 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
 // (token, group of 8 channels) quantises its group and writes its bytes. Bit-identical to the CPU encoder by
 // construction in every form: each coefficient is summed over c in order by the block core (transform_rows /
 // dot_tile), the scale byte is its scale_byte_of (as scale_byte_rms, scale_error per candidate, scale_pick), each
-// group's bytes its quantize_group (what quantize() runs group by group). Launches of up to write_small_max() tokens
-// (decode steps) take write_kv_q_small_kernel below. History in bench/NOTES.md.
+// group's bytes its quantize_group (what quantize() runs group by group). The other launches (decode steps; v62: up
+// to 511 tokens while the small grid fits 1.5 waves) take write_kv_q_small_kernel below. History in bench/NOTES.md.
 constexpr int kQThreads = 512;
 constexpr int kQTilesFrom = 512;  // PagedWriteGpu.ByteExactVsCpuEncoder's launches fall on both sides
 // kSmall: write_kv_q_small_kernel (below); kRows and kTiles: write_kv_q_kernel's two forms.
@@ -375,7 +377,7 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   }
 }
 
-// q formats, launches of up to write_small_max() tokens (decode steps; v60, bench/NOTES.md): one CTA of 512
+// q formats, the launches q_write_kind gives it (decode steps; v60, v62, bench/NOTES.md): one CTA of 512
 // threads per (tile of T tokens, kv head, K|V), built for latency. Every phase is either spread over all threads or
 // one ordered chain per (token[, candidate]) run by separate lanes or warps at once:
 //   1. every global load issued before any shared-memory store (F, the inputs and their means, the thread's
