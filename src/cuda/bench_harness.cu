@@ -428,6 +428,15 @@ WriteTiming DecodeBench::time_write(int num_tokens, int iters) {
     us.push_back(ms * 1e3 / rot);
   }
   KVPACK_CUDA_CHECK(cudaGetLastError());
+  // Measurement builds only (KVPACK_WRITE_STAMPS, write_kv.cu): one more launch with the small q write kernel's
+  // phase clocks, appended to $KVPACK_WRITE_STAMPS_OUT.
+  if (const char* sp = std::getenv("KVPACK_WRITE_STAMPS_OUT"); sp && write_stamps_reset()) {
+    launch(0);
+    KVPACK_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::string label = fmt::format("write/{}/{}q{}kv{}/n{}", format_name(s.format), s.num_qo_heads,
+                                          s.num_kv_heads, s.head_dim, num_tokens);
+    write_stamps_dump(sp, label.c_str());
+  }
   WriteTiming w;
   w.median_us = median(us);
   w.bytes = in_bytes + 2.0 * num_tokens * s.num_kv_heads * (m.layout.code_bytes_per_token + m.layout.meta_bytes_per_token);

@@ -74,6 +74,10 @@ int& write_small_tokens();
 // us on an H100). Larger launches take write_kv_q_kernel's rows or tiles. The environment's KVPACK_WRITE_SMALL_MAX at
 // the first call overrides it, for measurements; tests set it to run every launch size through one kernel.
 int& write_small_max();
+// Measurement builds (KVPACK_WRITE_STAMPS, write_kv.cu): clear the small q write kernel's per-CTA phase clocks / append
+// them to `path` under `label`. Both return false when the stamps are not compiled in.
+bool write_stamps_reset();
+bool write_stamps_dump(const char* path, const char* label);
 // Which write kernel a launch of `num_tokens` tokens of format `f` over `num_kv_heads` heads of `head_dim` takes
 // ("q-small", "q-rows", "q-tiles" for the q formats, "plain" for the others): benchmark rows record it.
 const char* write_kernel_name(Format f, int num_kv_heads, int head_dim, int num_tokens);

@@ -2,7 +2,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
+#include <vector>
 
 #include "decode_internal.cuh"
 #include "format_policy.cuh"
@@ -377,6 +379,42 @@ __global__ void __launch_bounds__(kQThreads) write_kv_q_kernel(const uint16_t* _
   }
 }
 
+// Measurement builds only (-DCMAKE_CUDA_FLAGS=-DKVPACK_WRITE_STAMPS, bench/NOTES.md v62): the small kernel's thread 0
+// reads clock64() at its start, after each of its 6 barriers and at its end, and appends one record per CTA:
+// blockIdx.x, blockIdx.y, the tile's tokens, %smid, %globaltimer at the end, then the 8 clocks (kWStampWords words;
+// `kvpack bench` with KVPACK_WRITE_STAMPS_OUT=<file> appends them to <file> through write_stamps_dump, and
+// bench/tools/write_stamps.py reads them). Without the macro the kernel is unchanged (the same SASS).
+#ifdef KVPACK_WRITE_STAMPS
+constexpr unsigned kWStampCap = 1u << 14;
+constexpr int kWStampWords = 13;
+__device__ unsigned long long g_wstamps[kWStampCap * kWStampWords];
+__device__ unsigned int g_wstamp_n;
+__device__ __forceinline__ void wstamp_record(const long long (&c)[8], int nt) {
+  const unsigned i = atomicAdd(&g_wstamp_n, 1u);
+  if (i >= kWStampCap) return;
+  unsigned long long* r = g_wstamps + size_t(i) * kWStampWords;
+  unsigned smid;
+  unsigned long long t;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  r[0] = blockIdx.x, r[1] = blockIdx.y, r[2] = static_cast<unsigned long long>(nt), r[3] = smid, r[4] = t;
+  for (int j = 0; j < 8; ++j) r[5 + j] = static_cast<unsigned long long>(c[j]);
+}
+#define KVPACK_WSTAMP_DECL long long wst_[8] = {}
+#define KVPACK_WSTAMP(i) \
+  do {                   \
+    if (threadIdx.x == 0) wst_[i] = clock64(); \
+  } while (0)
+#define KVPACK_WSTAMP_RECORD(nt) \
+  do {                           \
+    if (threadIdx.x == 0) wstamp_record(wst_, nt); \
+  } while (0)
+#else
+#define KVPACK_WSTAMP_DECL
+#define KVPACK_WSTAMP(i) ((void)0)
+#define KVPACK_WSTAMP_RECORD(nt) ((void)0)
+#endif
+
 // q formats, the launches q_write_kind gives it (decode steps; v60, v62, bench/NOTES.md): one CTA of 512
 // threads per (tile of T tokens, kv head, K|V), built for latency. Every phase is either spread over all threads or
 // one ordered chain per (token[, candidate]) run by separate lanes or warps at once:
@@ -426,6 +464,8 @@ __global__ void __launch_bounds__(kQThreads)
   __shared__ uint8_t* units_s[T];
   __shared__ uint8_t code_s[T][D];
   write_allow_dependents();
+  KVPACK_WSTAMP_DECL;
+  KVPACK_WSTAMP(0);
   const int head = static_cast<int>(blockIdx.y >> 1), kv = static_cast<int>(blockIdx.y & 1);
   const int64_t tok0 = int64_t{blockIdx.x} * T;
   const int nt = static_cast<int>(num_tokens - tok0 < T ? num_tokens - tok0 : T);
@@ -462,6 +502,7 @@ __global__ void __launch_bounds__(kQThreads)
   }
   if (tid < nt) slot_s[tid] = my_slot;
   __syncthreads();
+  KVPACK_WSTAMP(1);
 
   // 2. The transform: thread (row c, pair q), tokens 2q and 2q + 1 (q is warp-uniform: D >= 64).
   if (2 * q < nt) {
@@ -474,6 +515,7 @@ __global__ void __launch_bounds__(kQThreads)
     }
   }
   __syncthreads();
+  KVPACK_WSTAMP(2);
 
   // 3. e0: warp t < nt, every lane token t's ordered sum; lane j < kCand decodes candidate j.
   if (warp < nt) {
@@ -494,6 +536,7 @@ __global__ void __launch_bounds__(kQThreads)
     if (lane == 0) e0_s[warp] = e0;
   }
   __syncthreads();
+  KVPACK_WSTAMP(3);
 
   // 4. Differences: thread (channel c, q), pairs i = q, q + kQ, ... (i warp-uniform: broadcast reads of i's tables).
   for (int i = q; i < nt * kCand; i += kQ) {
@@ -502,6 +545,7 @@ __global__ void __launch_bounds__(kQThreads)
         Block::scale_diff(y_s[(i / kCand) * kRow + c], inv_tau_s[i], tau_s[i], step_c, inv_step_c, b_c);
   }
   __syncthreads();
+  KVPACK_WSTAMP(4);
 
   // 5. Each valid candidate's error, its row summed in order.
   if (tid < nt * kCand && cand_s[tid] >= 0) {
@@ -509,6 +553,7 @@ __global__ void __launch_bounds__(kQThreads)
     err_s[tid] = Block::template scale_error_by<8>([&](int cc, float(&dq)[4]) { block::load4(dr + cc, dq); });
   }
   __syncthreads();
+  KVPACK_WSTAMP(5);
 
   // 6. The pick (every thread of the token the same), the codes; thread c = 0 resolves the token's slot. The picked
   // byte's 1/tau is its candidate's, decoded in phase 3.
@@ -530,10 +575,13 @@ __global__ void __launch_bounds__(kQThreads)
     }
   }
   __syncthreads();
+  KVPACK_WSTAMP(6);
 
   // 7. The stores.
   store_pieces<P, D>(nt, kv, units_s, tin_s, [&](int t) { return e_s[t]; },
                      [&](int t, int ch) { return static_cast<int>(code_s[t][ch]); });
+  KVPACK_WSTAMP(7);
+  KVPACK_WSTAMP_RECORD(nt);
 }
 
 // One q write kernel's launch: its dynamic shared memory allowed once, then one CTA of kQThreads per (tile of
@@ -697,6 +745,37 @@ __global__ void dequant_pages_kernel(const uint8_t* __restrict__ pool, int64_t n
 }  // namespace cuda_detail
 
 using namespace cuda_detail;
+
+bool write_stamps_reset() {
+#ifdef KVPACK_WRITE_STAMPS
+  const unsigned zero = 0;
+  KVPACK_CUDA_CHECK(cudaMemcpyToSymbol(g_wstamp_n, &zero, sizeof zero));
+  return true;
+#else
+  return false;
+#endif
+}
+bool write_stamps_dump(const char* path, const char* label) {
+#ifdef KVPACK_WRITE_STAMPS
+  unsigned n = 0;
+  KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_wstamp_n, sizeof n));
+  n = std::min(n, kWStampCap);
+  std::vector<unsigned long long> r(size_t(n) * kWStampWords);
+  if (n) KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(r.data(), g_wstamps, r.size() * sizeof(r[0])));
+  FILE* f = std::fopen(path, "a");
+  KVPACK_CHECK(f != nullptr, "bench: cannot open the stamps file '{}'", path);
+  for (unsigned i = 0; i < n; ++i) {
+    std::fprintf(f, "%s", label);
+    for (int j = 0; j < kWStampWords; ++j) std::fprintf(f, " %llu", r[size_t(i) * kWStampWords + j]);
+    std::fprintf(f, "\n");
+  }
+  std::fclose(f);
+  return true;
+#else
+  (void)path, (void)label;
+  return false;
+#endif
+}
 
 const char* write_kernel_name(Format f, int num_kv_heads, int head_dim, int num_tokens) {
   const char* name = "plain";
