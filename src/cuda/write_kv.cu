@@ -46,6 +46,16 @@ __device__ __forceinline__ uint8_t* slot_block(int64_t slot, int64_t num_pages, 
   return pool + (page * num_kv_heads + head) * head_block_bytes;
 }
 
+// A 16-byte load issued where it stands, beside the slot's load: plain and .nc loads whose values are used only after
+// the slot's checks were sunk below the checks' EXIT by the compiler, i.e. issued only once the slot's load had
+// returned (v63, sm_90a SASS); a relaxed gpu-scope load is not moved across it (LDG.E.128.STRONG.GPU, from L2: the
+// inputs are read once).
+__device__ __forceinline__ uint4 ld_early(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
 // One thread per (token, kv head, K/V, octet): neighbouring threads write neighbouring 16/8/4-byte pieces of one
 // token vector, so both the bf16 reads and the code writes are coalesced. Prefill (many tokens) and decode (one
 // per sequence) are the same launch with a different num_tokens.
@@ -143,15 +153,20 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
   r /= 2;
   const int head = static_cast<int>(r % num_kv_heads);
   const int64_t tok = r / num_kv_heads;
+  // The input is loaded before the slot is resolved, so that both loads are in flight together (v63: a prefill
+  // write was two memory round trips in a row per thread; a padding token's input is read for nothing).
+  const uint4* in = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * D + grp * E);
+  uint4 raw[E / 8];
+#pragma unroll
+  for (int i = 0; i < E / 8; ++i) raw[i] = ld_early(in + i);
   int off = 0;
   uint8_t* block = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes, kv ? v_pool : k_pool,
                               status, off);
   if (!block) return;
-  const uint4* in = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * D + grp * E);
   float x[E];
 #pragma unroll
   for (int i = 0; i < E / 8; ++i) {
-    const uint4 q = in[i];
+    const uint4 q = raw[i];
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {

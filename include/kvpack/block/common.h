@@ -34,6 +34,15 @@ KVPACK_HD float sanitize(float x) {
 // __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3): round to nearest even, |x| >= 448 (and inf) -> +-448,
 // NaN -> 0x7f.
 KVPACK_HD uint8_t f32_to_e4m3(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // sm_89+: the hardware conversion, specified as the same function for every non-NaN input (RNE, satfinite:
+  // +-448; the callers sanitize NaN away first), one instruction instead of ~15 (the fp8 write path was
+  // instruction-bound, bench/NOTES.md v63). x goes to the low byte. BlockCoreGpu.E4m3EncodeMatchesTheHost checks
+  // it against the code below (the host's) over 5 M inputs, PagedWriteGpu.ByteExactVsCpuEncoder the pools.
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+  return static_cast<uint8_t>(r & 0xffu);
+#else
   uint32_t u = f32_bits(x);
   uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   uint32_t a = u & 0x7fffffffu;
@@ -48,6 +57,7 @@ KVPACK_HD uint8_t f32_to_e4m3(float x) {
   uint32_t e = (r >> 23) - 127u + 7u;
   uint32_t m = (r >> 20) & 7u;
   return static_cast<uint8_t>(sign | (e << 3) | m);
+#endif
 }
 
 KVPACK_HD float e4m3_to_f32(uint8_t c) {
