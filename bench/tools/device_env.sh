@@ -80,6 +80,20 @@ fi_grid() {
   stamp "bench + flashinfer rc=$?"
   cp "$W/fi/bench.json" "$OUT/bench_fi.json" 2>/dev/null
 }
+# memcheck_small FILTER: memcheck of the GPU tests ($T) matching FILTER within what is left of LIMIT_S (less 10 s),
+# into $W/sanitizer.log, when more than 30 s are left.
+memcheck_small() {
+  local s
+  s=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  [ "$(left)" -gt 30 ] || return 0
+  { echo "== memcheck"; timeout $(( $(left) - 10 )) $s --tool memcheck --error-exitcode 9 $T --gtest_filter="$1"
+    echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
+  stamp "sanitizer"
+}
+# test_outcomes FILE: a gtest log's outcome lines (passed / failed tests, failures, errors).
+test_outcomes() {
+  grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$1" 2>/dev/null | head -40
+}
 # gpu_tests NAME SECONDS FILTER [VAR=VALUE ...]: the GPU tests ($T) matching the gtest FILTER, with those environment
 # variables, within SECONDS (0: no limit), into $W/NAME.log; prints the exit status and the outcome lines.
 gpu_tests() {
@@ -91,7 +105,7 @@ gpu_tests() {
     env "$@" $T --gtest_filter="$filter" > "$W/$name.log" 2>&1
   fi
   stamp "$name rc=$?"
-  grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/$name.log" | head -40
+  test_outcomes "$W/$name.log"
 }
 # report: $OUT/log.txt from what the v50-style scripts have run so far (env, registers, the first tests,
 # the A/B's summary, the grid with FlashInfer, the other tests, the sanitizers), rewritten after each step so that a

@@ -53,18 +53,12 @@ l=$(left)
 TESTS_LAST=${TESTS_LAST-DecodeGpu.*:PagedWriteGpu.ByteExactVsCpuEncoder}
 [ "$l" -gt 60 ] && [ -n "$TESTS_LAST" ] && gpu_tests tests $((l - 45)) "$TESTS_LAST"
 cp "$W/tests.log" "$OUT/tests.log" 2>/dev/null
-S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if [ "$(left)" -gt 30 ]; then
-  { echo "== memcheck"; timeout $(( $(left) - 10 )) $S --tool memcheck --error-exitcode 9 $T \
-      --gtest_filter='DecodeStepGpu.BadArguments*:PagedWriteGpu.OutOfRange*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*'
-    echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
-  stamp "sanitizer"
-fi
+memcheck_small 'DecodeStepGpu.BadArguments*:PagedWriteGpu.OutOfRange*:DecodeGpu.EmptySequence*:DecodeGpu.GraphCapture*'
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
   echo "== A/B write"; cat "$OUT/ab_write.txt"
   echo "== grid + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null
-  echo "== tests (first)"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_first.log" 2>/dev/null | head -40
-  echo "== tests"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests.log" 2>/dev/null | head -40
+  echo "== tests (first)"; test_outcomes "$W/tests_first.log"
+  echo "== tests"; test_outcomes "$W/tests.log"
   echo "== sanitizers"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" 2>/dev/null; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
 stamp "done"

@@ -32,19 +32,13 @@ fi
 l=$(left)
 TESTS_LAST=${TESTS_LAST-DecodeGpu.*}
 [ "$l" -gt 60 ] && [ -n "$TESTS_LAST" ] && gpu_tests tests $((l - 45)) "$TESTS_LAST"
-S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if [ "$(left)" -gt 30 ]; then
-  { echo "== memcheck"; timeout $(( $(left) - 10 )) $S --tool memcheck --error-exitcode 9 $T \
-      --gtest_filter='PagedWriteGpu.OutOfRange*:DecodeStepGpu.BadArguments*:DecodeGpu.EmptySequence*'
-    echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
-  stamp "sanitizer"
-fi
+memcheck_small 'PagedWriteGpu.OutOfRange*:DecodeStepGpu.BadArguments*:DecodeGpu.EmptySequence*'
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
   echo "== build (write kernels)"; grep -E "write_kv_(group|vec)_kernel" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c
-  echo "== tests (first)"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests_first.log" | head -40
+  echo "== tests (first)"; test_outcomes "$W/tests_first.log"
   echo "== A/B write"; cat "$OUT/ab_write.txt"
   echo "== grid + flashinfer"; cat "$W/fi_stdout.log" 2>/dev/null
-  echo "== tests"; grep -E "^\[  (FAILED|PASSED)|^\[       OK|Failure|rror" "$W/tests.log" 2>/dev/null | head -40
+  echo "== tests"; test_outcomes "$W/tests.log"
   echo "== sanitizers"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" 2>/dev/null; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
 stamp "done"

@@ -64,6 +64,10 @@ LeanLaunchInfo lean_last_launch();
 // to `path` under `label`. Both return false when the stamps are not compiled in.
 bool lean_stamps_reset();
 bool lean_stamps_dump(const char* path, const char* label);
+// Both stamp dumps' writer: the first min(*count_symbol, cap) records of `words` 64-bit words from the device symbol
+// records_symbol, one line each appended to `path` (label, then the words).
+void append_stamp_records(const char* path, const char* label, const void* count_symbol, const void* records_symbol,
+                          unsigned cap, int words);
 // The q write path's small kernel (the launches write_kv.cu's q_write_kind gives it): tokens per CTA, 2, 4 or 8,
 // or 0 (the default since v62): per launch, the smallest tile whose grid fits one wave (write_kv.cu, small_tile). The
 // environment's KVPACK_WRITE_SMALL_TOK at the first call overrides it, for measurements; tests set it to cover every

@@ -42,22 +42,26 @@ bool lean_stamps_reset() {
   return false;
 #endif
 }
-// One line per record: label, then the 8 words (bench/tools/stamps.py).
-bool lean_stamps_dump(const char* path, const char* label) {
-#ifdef KVPACK_LEAN_STAMPS
+void append_stamp_records(const char* path, const char* label, const void* count_symbol, const void* records_symbol,
+                          unsigned cap, int words) {
   unsigned n = 0;
-  KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(&n, cuda_detail::g_stamp_n, sizeof n));
-  n = std::min(n, cuda_detail::kStampCap);
-  std::vector<unsigned long long> r(size_t(n) * 8);
-  if (n) KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(r.data(), cuda_detail::g_stamps, r.size() * sizeof(r[0])));
+  KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(&n, count_symbol, sizeof n));
+  n = std::min(n, cap);
+  std::vector<unsigned long long> r(size_t(n) * words);
+  if (n) KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(r.data(), records_symbol, r.size() * sizeof(r[0])));
   FILE* f = std::fopen(path, "a");
   KVPACK_CHECK(f != nullptr, "bench: cannot open the stamps file '{}'", path);
   for (unsigned i = 0; i < n; ++i) {
     std::fprintf(f, "%s", label);
-    for (int j = 0; j < 8; ++j) std::fprintf(f, " %llu", r[size_t(i) * 8 + j]);
+    for (int j = 0; j < words; ++j) std::fprintf(f, " %llu", r[size_t(i) * words + j]);
     std::fprintf(f, "\n");
   }
   std::fclose(f);
+}
+// One line per record: label, then the 8 words (bench/tools/stamps.py).
+bool lean_stamps_dump(const char* path, const char* label) {
+#ifdef KVPACK_LEAN_STAMPS
+  append_stamp_records(path, label, &cuda_detail::g_stamp_n, cuda_detail::g_stamps, cuda_detail::kStampCap, 8);
   return true;
 #else
   (void)path, (void)label;

@@ -2,9 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <mutex>
-#include <vector>
 
 #include "decode_internal.cuh"
 #include "format_policy.cuh"
@@ -772,19 +770,7 @@ bool write_stamps_reset() {
 }
 bool write_stamps_dump(const char* path, const char* label) {
 #ifdef KVPACK_WRITE_STAMPS
-  unsigned n = 0;
-  KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_wstamp_n, sizeof n));
-  n = std::min(n, kWStampCap);
-  std::vector<unsigned long long> r(size_t(n) * kWStampWords);
-  if (n) KVPACK_CUDA_CHECK(cudaMemcpyFromSymbol(r.data(), g_wstamps, r.size() * sizeof(r[0])));
-  FILE* f = std::fopen(path, "a");
-  KVPACK_CHECK(f != nullptr, "bench: cannot open the stamps file '{}'", path);
-  for (unsigned i = 0; i < n; ++i) {
-    std::fprintf(f, "%s", label);
-    for (int j = 0; j < kWStampWords; ++j) std::fprintf(f, " %llu", r[size_t(i) * kWStampWords + j]);
-    std::fprintf(f, "\n");
-  }
-  std::fclose(f);
+  append_stamp_records(path, label, &g_wstamp_n, g_wstamps, kWStampCap, kWStampWords);
   return true;
 #else
   (void)path, (void)label;
