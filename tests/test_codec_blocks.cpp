@@ -88,6 +88,84 @@ TEST(Int4, GoldenAgainstGgmlQ4_0) {
   EXPECT_EQ(mismatched, 0);
 }
 
+// v64 rewrote sanitize() and q4_0_encode_group's clamp, |x| and NaN handling with fminf / fmaxf / fabsf so that the
+// GPU folds them. These are their definitions as they were before, compared bit for bit on the values where the two
+// spellings could part: NaN, +-inf, the clamp bounds and their neighbours, signed zeros, subnormals, and groups whose
+// largest magnitude appears with both signs (the first one wins).
+namespace {
+float sanitize_def(float x) {
+  if (!(x == x)) return 0.0f;
+  return x > kMaxInput ? kMaxInput : (x < -kMaxInput ? -kMaxInput : x);
+}
+uint16_t q4_0_encode_group_def(const float* x, uint8_t* codes) {
+  float v[32];
+  float amax = 0.0f, m = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    float t = x[j];
+    if (!(t == t)) t = 0.0f;
+    t = t > 524032.0f ? 524032.0f : (t < -524032.0f ? -524032.0f : t);
+    v[j] = t;
+    float a = t < 0.0f ? -t : t;
+    if (a > amax) {
+      amax = a;
+      m = t;
+    }
+  }
+  const float d = m / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < 16; ++j) {
+    int q0 = static_cast<int>(std::fma(v[j], id, 8.5f));
+    int q1 = static_cast<int>(std::fma(v[j + 16], id, 8.5f));
+    q0 = q0 > 15 ? 15 : q0;
+    q1 = q1 > 15 ? 15 : q1;
+    codes[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+  }
+  return f32_to_f16(d);
+}
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+}  // namespace
+
+TEST(Int4, EncodeGroupMatchesItsDefinition) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float specials[] = {nan, -nan, inf, -inf, 0.0f, -0.0f, 524032.0f, -524032.0f,
+                            std::nextafter(524032.0f, inf), std::nextafter(-524032.0f, -inf),
+                            std::nextafter(524032.0f, 0.0f), kMaxInput, -kMaxInput, std::nextafter(kMaxInput, inf),
+                            std::nextafter(-kMaxInput, -inf), 1e30f, -1e30f, std::numeric_limits<float>::denorm_min(),
+                            -std::numeric_limits<float>::denorm_min(), 1e-40f, 3.0f, -3.0f};
+  for (float x : specials) EXPECT_EQ(bits_of(sanitize(x)), bits_of(sanitize_def(x))) << x;
+  std::mt19937_64 g(64);
+  std::uniform_int_distribution<int> pick(0, static_cast<int>(std::size(specials)) - 1), pos(0, 31), coin(0, 3);
+  int groups = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    auto x = randn(32, 1000 + trial, std::ldexp(1.0f, trial % 40 - 20));
+    const int kind = trial % 5;
+    if (kind == 1)  // a few specials anywhere
+      for (int s = 0; s <= coin(g); ++s) x[pos(g)] = specials[pick(g)];
+    if (kind == 2) {  // the largest magnitude twice, with both signs, in either order
+      float a = 0;
+      for (float t : x) a = std::max(a, std::abs(t));
+      const int i = pos(g), j = pos(g);
+      x[i] = coin(g) % 2 ? a : -a;
+      x[j] = -x[i];
+    }
+    if (kind == 3)
+      for (auto& t : x) t = coin(g) == 0 ? specials[pick(g)] : t;  // mostly specials
+    if (kind == 4)
+      for (auto& t : x) t = coin(g) % 2 ? 0.0f : -0.0f;  // all zeros
+    uint8_t a[16], b[16];
+    const uint16_t da = q4_0_encode_group(x.data(), a), db = q4_0_encode_group_def(x.data(), b);
+    EXPECT_EQ(da, db) << "trial " << trial;
+    EXPECT_EQ(std::memcmp(a, b, 16), 0) << "trial " << trial;
+    for (float t : x) EXPECT_EQ(bits_of(sanitize(t)), bits_of(sanitize_def(t)));
+    ++groups;
+  }
+  EXPECT_EQ(groups, 20000);
+}
+
 template <int D, bool R>
 void int4_properties(uint64_t seed) {
   using B = Int4Block<D, R>;

@@ -117,8 +117,9 @@ struct Bf16Policy {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
-  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, const FormatParams&, int,
-                                                      bool) {}
+  __device__ __forceinline__ static const float* group_scale(const FormatParams&, int, bool) { return nullptr; }
+  __device__ __forceinline__ static float group_ctx(float) { return 0.f; }
+  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, float) {}
   template <int D>
   __device__ __forceinline__ static void encode_vec(const float*, uint8_t*, uint8_t*, const FormatParams&, int, bool) {}
   __device__ __forceinline__ static float octet_scale(const uint8_t*, int) { return 1.f; }
@@ -245,14 +246,20 @@ struct Fp8Policy {
   }
   // Write path, 8 elements per thread (coalesced). Fp8Block::encode is elementwise; this applies the same scalar
   // core (block::f32_to_e4m3 of sanitize(x) * (1 / scale)) to a slice. The byte-exact GPU test guards the two.
+  // The write kernel loads the head's scale (group_scale: where it is, nullptr for 1) early, once per thread, and
+  // passes group_ctx(scale) = 1 / scale to each group it encodes.
   static constexpr int kEncodeElems = 8;
-  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t*,
-                                                      const FormatParams& p, int h, bool is_v) {
+  __device__ __forceinline__ static const float* group_scale(const FormatParams& p, int h, bool is_v) {
     const float* sc = is_v ? p.v_scale : p.k_scale;
-    const float inv = 1.0f / (sc ? sc[h] : 1.f);
+    return sc ? sc + h : nullptr;
+  }
+  __device__ __forceinline__ static float group_ctx(float scale) { return 1.0f / scale; }
+  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t*, float inv) {
     uint32_t w[2] = {0, 0};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i / 4] |= uint32_t(block::f32_to_e4m3(block::sanitize(x[i]) * inv)) << (8 * (i % 4));
+    for (int i = 0; i < 8; i += 2)
+      w[i / 4] |= uint32_t(block::f32x2_to_e4m3x2(block::sanitize(x[i]) * inv, block::sanitize(x[i + 1]) * inv))
+                  << (8 * (i % 4));
     *reinterpret_cast<uint2*>(codes + group * 8) = make_uint2(w[0], w[1]);
   }
 };
@@ -303,8 +310,9 @@ struct Int4Policy {
   // Write path for plain int4: one thread per 32-element group through the block core's q4_0_encode_group (int4h
   // needs the whole vector for its rotation: kEncodeElems = 0 keeps it on the per-vector path).
   static constexpr int kEncodeElems = Rotate ? 0 : 32;
-  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t* meta,
-                                                      const FormatParams&, int, bool) {
+  __device__ __forceinline__ static const float* group_scale(const FormatParams&, int, bool) { return nullptr; }
+  __device__ __forceinline__ static float group_ctx(float) { return 0.f; }
+  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t* meta, float) {
     __align__(16) uint8_t c[16];
     const uint16_t d = block::q4_0_encode_group(x, c);
     *reinterpret_cast<uint4*>(codes + 16 * group) = *reinterpret_cast<const uint4*>(c);
@@ -330,8 +338,9 @@ struct QPolicy {
                                                     const FormatParams& p, int h, bool is_v) {
     Block<D>::encode((is_v ? p.qv : p.qk).head(h, D), x, codes, meta);
   }
-  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, const FormatParams&, int,
-                                                      bool) {}
+  __device__ __forceinline__ static const float* group_scale(const FormatParams&, int, bool) { return nullptr; }
+  __device__ __forceinline__ static float group_ctx(float) { return 0.f; }
+  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, float) {}
 };
 
 // nvcc 13's front end cannot evaluate fmt 9's consteval format-string check ("did not produce a valid constant

@@ -25,10 +25,8 @@ KVPACK_HD void load4(const float* p, float (&v)[4]) {
 #endif
 }
 
-KVPACK_HD float sanitize(float x) {
-  if (!(x == x)) return 0.0f;  // NaN
-  return x > kMaxInput ? kMaxInput : (x < -kMaxInput ? -kMaxInput : x);
-}
+// NaN -> 0, else clamped to +-kMaxInput (fminf / fmaxf of a number: the same as the comparisons, v64).
+KVPACK_HD float sanitize(float x) { return x == x ? fminf(fmaxf(x, -kMaxInput), kMaxInput) : 0.0f; }
 
 // ---- fp8 e4m3 ("fn": bias 7, no inf, S.1111.111 = NaN, max 448), exactly like CUDA's
 // __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3): round to nearest even, |x| >= 448 (and inf) -> +-448,
@@ -57,6 +55,17 @@ KVPACK_HD uint8_t f32_to_e4m3(float x) {
   uint32_t e = (r >> 23) - 127u + 7u;
   uint32_t m = (r >> 20) & 7u;
   return static_cast<uint8_t>(sign | (e << 3) | m);
+#endif
+}
+
+// f32_to_e4m3 of two values, lo in the low byte: one cvt for both on sm_89+ (the fp8 write kernel, v64).
+KVPACK_HD uint16_t f32x2_to_e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint16_t>(f32_to_e4m3(lo) | (f32_to_e4m3(hi) << 8));
 #endif
 }
 
