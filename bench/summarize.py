@@ -7,6 +7,7 @@ meet each decode target of the issues (TARGET_* below), and the write path's sha
 
 usage: python3 bench/summarize.py bench/results/RUN.json
 """
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -245,8 +246,17 @@ def step_speedup(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Prints Markdown: per-shape tables, FlashInfer ratios, the targets, the write path.")
+    ap.add_argument("run", help="a `kvpack bench --json` file, e.g. bench/results/RUN.json")
+    path = ap.parse_args().run
+    try:
+        main(path)
+    except FileNotFoundError:
+        sys.exit(f"{path}: no such file")
+    except json.JSONDecodeError as e:
+        sys.exit(f"{path}: not JSON ({e})")
     print()
-    targets(sys.argv[1])
+    targets(path)
     write_share(sys.argv[1])
     step_speedup(sys.argv[1])
