@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (bench/NOTES.md v64): the plain write kernels coarsened (fp8 4 tokens per thread, int4 2; the
+# One device call (bench/NOTES.md v64, v64b): the plain write kernels coarsened (fp8 4 tokens per thread, int4 2; the
 # index arithmetic, the slot's page by shifts, and fp8's scale load and reciprocal shared; every load issued before
 # the first slot check; fp8 converting pairs with one cvt; sanitize() and int4's clamp / |x| as min / max) against
 # main before v64 built beside it (this tree with bench/tools/v64.patch reversed). In order, each step's files

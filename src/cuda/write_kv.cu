@@ -94,58 +94,7 @@ __global__ void write_kv_kernel(const uint16_t* __restrict__ k, const uint16_t* 
   P::encode8(in, octet, row, meta, params, head, kv == 1);
 }
 
-// Formats whose encoder needs the whole head vector (scales, rotations): one thread per (token, kv head, K/V),
-// calling the format's block core (the very function the CPU reference calls), codes built in registers/local
-// memory and stored with 16-byte writes.
-template <class P, int D>
-__global__ void write_kv_vec_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-                                    const int32_t* __restrict__ slots, int num_tokens, int num_kv_heads, int page_size,
-                                    int64_t head_block_bytes, int64_t num_pages, uint8_t* __restrict__ k_pool,
-                                    uint8_t* __restrict__ v_pool, FormatParams params, int32_t* status) {
-  constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D);
-  static_assert(P::kQ || (kCode % 16 == 0 && (kMeta == 0 || kMeta % 4 == 0)), "codes in 16-byte pieces, metadata in words");
-  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (idx >= int64_t{num_tokens} * num_kv_heads * 2) return;
-  const int kv = static_cast<int>(idx % 2);
-  const int head = static_cast<int>((idx / 2) % num_kv_heads);
-  const int64_t tok = idx / 2 / num_kv_heads;
-  int off = 0;
-  uint8_t* block = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes, kv ? v_pool : k_pool,
-                              status, off);
-  if (!block) return;
-  const uint4* in = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * D);
-  float x[D];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    const uint4 r = in[i];
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
-      x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-  }
-  __align__(16) uint8_t codes[kCode + (kMeta > 0 ? kMeta : 4)];
-  P::template encode_vec<D>(x, codes, codes + kCode, params, head, kv == 1);
-  if constexpr (P::kQ) {
-    // q codes are 31/27/23/63/55/47 bytes: unaligned, written bytewise (the block core's bytes as they are).
-    uint8_t* dst = block + int64_t{off} * kCode;
-#pragma unroll
-    for (int i = 0; i < kCode; ++i) dst[i] = codes[i];
-    block[int64_t{page_size} * kCode + int64_t{off} * kMeta] = codes[kCode];
-    return;
-  }
-  uint4* dst = reinterpret_cast<uint4*>(block + int64_t{off} * kCode);
-#pragma unroll
-  for (int i = 0; i < kCode / 16; ++i) dst[i] = reinterpret_cast<const uint4*>(codes)[i];
-  if constexpr (kMeta > 0) {
-    uint32_t* md = reinterpret_cast<uint32_t*>(block + int64_t{page_size} * kCode + int64_t{off} * kMeta);
-#pragma unroll
-    for (int i = 0; i < kMeta / 4; ++i) md[i] = reinterpret_cast<const uint32_t*>(codes + kCode)[i];
-  }
-}
-
-// Formats whose encoder works on slices (fp8: 8 elements, int4: 32): one thread per (kv head, K/V, group of
+// Formats whose encoder works on slices (fp8: 8 elements, int4 and int4h: 32): one thread per (kv head, K/V, group of
 // kEncodeElems elements) of kGroupTokens<P> consecutive tokens. Neighbouring threads read neighbouring 16-byte
 // pieces of one token row and write neighbouring code bytes (coalesced, as before v64); a thread's tokens share its
 // index arithmetic and its scale. Every load a thread makes (the scale, each token's slot and input) is issued
@@ -153,6 +102,8 @@ __global__ void write_kv_vec_kernel(const uint16_t* __restrict__ k, const uint16
 // plain loads below the slot checks' exits (bench/NOTES.md v63, v64).
 template <class P>
 inline constexpr int kGroupTokens = P::kEncodeElems >= 32 ? 2 : 4;  // 64-128 bytes of input in flight per thread
+// (int4h's rotation exchanges values between the D / E lanes of one vector: every early return and skip below is the
+// same for all of them, since they share the token, the kv head and so the slot.)
 
 template <class P, int D>
 __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
@@ -203,6 +154,7 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
         x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
       }
     }
+    P::template group_transform<D>(x, grp);  // int4h: the vector's rotation, across its D / E lanes
     P::encode_group(x, grp, block + int64_t{off} * P::code_bytes(D),
                     block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D), ctx);
   }
@@ -853,7 +805,7 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
     KVPACK_DISPATCH_HEAD_DIM(l.head_dim, D, [&] {
       if constexpr (P::kQ) {
         launch_write_q<P, D>(l, a, static_cast<cudaStream_t>(stream));
-      } else if constexpr (P::kVectorEncode && P::kEncodeElems > 0) {
+      } else if constexpr (P::kVectorEncode && P::kEncodeElems > 0) {  // fp8, int4, int4h: encode_group on slices
         // Launches of at most `chunk` tokens keep the kernel's thread index below 2^31 (a chunk is ~33 M tokens at
         // 32q/8kv: one launch in practice).
         constexpr int E = P::kEncodeElems > 0 ? P::kEncodeElems : 8, U = kGroupTokens<P>;
@@ -868,13 +820,6 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
               a.k + in_off, a.v + in_off, a.slot_mapping + t0, n, l.num_kv_heads, l.page_size, l.head_block_bytes,
               a.num_pages, a.k_pool, a.v_pool, a.params, a.status);
         }
-      } else if constexpr (P::kVectorEncode) {
-        const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2;
-        const int64_t blocks = (total + threads - 1) / threads;
-        write_kv_vec_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
-                                    static_cast<cudaStream_t>(stream)>>>(
-            a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size, l.head_block_bytes, a.num_pages,
-            a.k_pool, a.v_pool, a.params, a.status);
       } else {
         const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2 * (l.head_dim / 8);
         const int64_t blocks = (total + threads - 1) / threads;
