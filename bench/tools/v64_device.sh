@@ -5,7 +5,7 @@
 # main before v64 built beside it (this tree with bench/tools/v64.patch reversed). In order, each step's files
 # written into $OUT as it ends:
 #   1. tests: BlockCoreGpu.* (e4m3 and the new pair conversion against the host over 5 M inputs), PagedWriteGpu.*,
-#      PagedDequantGpu.*, DecodeStepGpu.*: tests_first.log;
+#      PagedDequantGpu.*: tests_first.log (DecodeStepGpu.* after step 3, in what time is left);
 #   2. the write A/B (bf16, fp8, int4, int4h, q4; launches of 1, 8, 64 and 65,536 tokens; ROUNDS rounds, default 3,
 #      base and new alternating who goes first): ab_write.json, ab_write.txt;
 #   3. WSTAMPS=1: the small q write's phase clocks (a -DKVPACK_WRITE_STAMPS build beside it, bench/NOTES.md v62):
@@ -23,7 +23,7 @@ if [ -n "${WSTAMPS:-}" ]; then
 fi
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 T=./build-device/kvpack_gpu_tests
-gpu_tests tests_first 150 'BlockCoreGpu.*:PagedWriteGpu.*:PagedDequantGpu.*:DecodeStepGpu.*'
+gpu_tests tests_first 120 'BlockCoreGpu.*:PagedWriteGpu.*:PagedDequantGpu.*'
 cp "$W/tests_first.log" "$OUT/tests_first.log"
 wait $basepid; stamp "base build rc=$?"; ls /tmp/v64_base/build-device/kvpack > /dev/null || tail -20 "$W/base_build.log"
 GRID="--formats bf16,fp8,int4,int4h,q4 --shapes 8/1/128,32/8/128 --batch 1,8,64 --context 8192 --iters 30"
@@ -45,11 +45,14 @@ if [ -n "${WSTAMPS:-}" ]; then
   python3 bench/tools/write_stamps.py "$W/wstamps_raw.txt" > "$OUT/wstamps.txt" 2>&1; stamp "wstamps"
   tail -5 "$W/wstamps_build.log" > "$W/wstamps_build_tail.log"
 fi
+l=$(left)
+[ "$l" -gt 50 ] && gpu_tests tests $((l - 35)) 'DecodeStepGpu.*'
 memcheck_small 'PagedWriteGpu.OutOfRange*:PagedWriteGpu.DecodeStepOneToken*:DecodeStepGpu.BadArguments*'
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
   echo "== build (write kernels)"; grep -E "write_kv_(group|vec)_kernel" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c
   echo "== tests (first)"; test_outcomes "$W/tests_first.log"
   echo "== A/B write"; cat "$OUT/ab_write.txt"
+  echo "== tests (decode_step)"; test_outcomes "$W/tests.log"
   echo "== wstamps build"; cat "$W/wstamps_build_tail.log" 2>/dev/null
   echo "== sanitizers"; grep -E "^==|ERROR SUMMARY|rc=" "$W/sanitizer.log" 2>/dev/null; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
