@@ -23,7 +23,7 @@ if [ -n "${WSTAMPS:-}" ]; then
 fi
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 T=./build-device/kvpack_gpu_tests
-gpu_tests tests_first 120 'BlockCoreGpu.*:PagedWriteGpu.*:PagedDequantGpu.*'
+gpu_tests tests_first 60 'BlockCoreGpu.*:PagedWriteGpu.*:PagedDequantGpu.*'
 cp "$W/tests_first.log" "$OUT/tests_first.log"
 wait $basepid; stamp "base build rc=$?"; ls /tmp/v64_base/build-device/kvpack > /dev/null || tail -20 "$W/base_build.log"
 GRID="--formats bf16,fp8,int4,int4h,q4 --shapes 8/1/128,32/8/128 --batch 1,8,64 --context 8192 --iters 30"
