@@ -216,7 +216,8 @@ __device__ __forceinline__ void hadamard_cooperative(float* x) {
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < N * D; i += blockDim.x) x[i] *= block::hadamard_scale<D>();
+  constexpr float s = D == 64 ? 0.125f : 0.08838834764831845f;
+  for (int i = threadIdx.x; i < N * D; i += blockDim.x) x[i] *= s;
   __syncthreads();
 }
 
