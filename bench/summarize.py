@@ -258,5 +258,5 @@ if __name__ == "__main__":
         sys.exit(f"{path}: not JSON ({e})")
     print()
     targets(path)
-    write_share(sys.argv[1])
-    step_speedup(sys.argv[1])
+    write_share(path)
+    step_speedup(path)
