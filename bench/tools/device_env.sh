@@ -40,13 +40,44 @@ start_base_build() {
      >> "$W/base_build.log" 2>&1) &
   basepid=$!
 }
-# start_stamps_build: the measurement build (KVPACK_LEAN_STAMPS, bench/NOTES.md v47) of kvpack_cli into build-stamps in
-# the background (log: $W/stamps_build.log); sets stampspid.
+# start_stamps_build [MACRO DIR JOBS]: a measurement build of kvpack_cli in the background, compiled with -DMACRO into
+# DIR (log: $W/<DIR without "build-">_build.log); sets stampspid. Default: the lean path's phase clocks
+# (KVPACK_LEAN_STAMPS, bench/NOTES.md v47) into build-stamps with 4 jobs; the small q write's are KVPACK_WRITE_STAMPS
+# into build-wstamps (v62; write_stamps_run below).
 start_stamps_build() {
-  (cmake -S . -B build-stamps -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-     -DCMAKE_CUDA_FLAGS=-DKVPACK_LEAN_STAMPS > "$W/stamps_build.log" 2>&1 && cmake --build build-stamps -j4 \
-     --target kvpack_cli >> "$W/stamps_build.log" 2>&1) &
+  local macro=${1:-KVPACK_LEAN_STAMPS} dir=${2:-build-stamps} jobs=${3:-4}
+  local log="$W/${dir#build-}_build.log"
+  (cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
+     -DCMAKE_CUDA_FLAGS=-D"$macro" > "$log" 2>&1 && cmake --build "$dir" -j"$jobs" \
+     --target kvpack_cli >> "$log" 2>&1) &
   stampspid=$!
+}
+# write_stamps_run: after `start_stamps_build KVPACK_WRITE_STAMPS build-wstamps`, the small q write's phase clocks
+# (q4 and q3, three shapes, launches of 1, 8 and 64 tokens) through bench/tools/write_stamps.py into $OUT/wstamps.txt,
+# the build log's tail into $W/wstamps_build_tail.log.
+write_stamps_run() {
+  wait $stampspid; stamp "wstamps build rc=$?"
+  KVPACK_WRITE_STAMPS_OUT="$W/wstamps_raw.txt" ./build-wstamps/kvpack bench --formats q4,q3 \
+    --shapes 8/1/128,32/8/128,9/3/64 --batch 1,8,64 --context 8192 --iters 5 > /dev/null 2>&1
+  python3 bench/tools/write_stamps.py "$W/wstamps_raw.txt" > "$OUT/wstamps.txt" 2>&1; stamp "wstamps"
+  tail -5 "$W/wstamps_build.log" > "$W/wstamps_build_tail.log"
+}
+# write_ab BASE_KVPACK ROUNDS: the write A/B of `kvpack bench $GRID`, BASE_KVPACK (the base build's binary) against
+# ./build-device/kvpack, for ROUNDS rounds, who goes first alternating (odd rounds the base); after each round the
+# summary into $OUT/ab_write.json and $OUT/ab_write.txt.
+write_ab() {
+  local base=$1 r
+  for r in $(seq 1 "$2"); do
+    if [ $((r % 2)) -eq 1 ]; then
+      "$base" bench $GRID --json "$W/ab_base_$r.json" > /dev/null 2>&1
+      ./build-device/kvpack bench $GRID --json "$W/ab_new_$r.json" > /dev/null 2>&1
+    else
+      ./build-device/kvpack bench $GRID --json "$W/ab_new_$r.json" > /dev/null 2>&1
+      "$base" bench $GRID --json "$W/ab_base_$r.json" > /dev/null 2>&1
+    fi
+    stamp "write round $r"
+    AB_KIND=write python3 bench/tools/ab_summary.py "$W" "$OUT/ab_write.json" > "$OUT/ab_write.txt"
+  done
 }
 # lean_registers: the lean path's kernels' registers and spills from $OUT/build.log, counted.
 lean_registers() {

@@ -16,12 +16,7 @@
 # WSTAMPS=1: also the small write's phase clocks (a measurement build, -DKVPACK_WRITE_STAMPS, built beside it), after
 # step 1: wstamps.txt (bench/tools/write_stamps.py's table).
 source "$(dirname "$0")/device_env.sh" /tmp/v62_out /tmp/v62_work 540
-if [ -n "${WSTAMPS:-}" ]; then
-  (cmake -S . -B build-wstamps -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-     -DCMAKE_CUDA_FLAGS=-DKVPACK_WRITE_STAMPS > "$W/wstamps_build.log" 2>&1 && cmake --build build-wstamps -j6 \
-     --target kvpack_cli >> "$W/wstamps_build.log" 2>&1) &
-  wstampspid=$!
-fi
+[ -n "${WSTAMPS:-}" ] && start_stamps_build KVPACK_WRITE_STAMPS build-wstamps 6
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 T=./build-device/kvpack_gpu_tests
 K=./build-device/kvpack
@@ -39,12 +34,7 @@ for r in $(seq 1 ${ROUNDS:-2}); do
   stamp "write round $r"
   AB_KIND=write python3 bench/tools/ab_summary.py "$W/w" "$OUT/ab_write.json" > "$OUT/ab_write.txt"
 done
-if [ -n "${WSTAMPS:-}" ]; then
-  wait $wstampspid; stamp "wstamps build rc=$?"
-  KVPACK_WRITE_STAMPS_OUT="$W/wstamps_raw.txt" ./build-wstamps/kvpack bench --formats q4,q3 \
-    --shapes 8/1/128,32/8/128,9/3/64 --batch 1,8,64 --context 8192 --iters 5 > /dev/null 2>&1
-  python3 bench/tools/write_stamps.py "$W/wstamps_raw.txt" > "$OUT/wstamps.txt" 2>&1; stamp "wstamps"
-fi
+[ -n "${WSTAMPS:-}" ] && write_stamps_run
 FI_BENCH=${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072 --step}
 [ "$(left)" -gt 150 ] && fi_grid
 grep -vE " write" "$W/fi/bench.log" > "$OUT/bench_log.txt" 2>/dev/null

@@ -4,7 +4,8 @@
 # bench/tools/v63.patch reversed), then the full grid. In order, each step's files written into $OUT as it ends:
 #   1. tests: BlockCoreGpu.* (the e4m3 conversion against the host's over 5 M inputs), PagedWriteGpu.*, DecodeStepGpu.*:
 #      tests_first.log;
-#   2. the write A/B (bf16 as the control, fp8, int4, int4h; launches of 1, 8, 64 and 65,536 tokens; base / new):
+#   2. the write A/B (bf16 as the control, fp8, int4, int4h; launches of 1, 8, 64 and 65,536 tokens; base / new; through
+#      device_env.sh's write_ab, whose rounds alternate who goes first: the v63 call ran the base first in both):
 #      ab_write.json, ab_write.txt;
 #   3. the full grid with --step and FlashInfer (carry [".whl"]; FI_BENCH overrides it): bench_fi.json, bench_log.txt;
 #   4. DecodeGpu.* (TESTS_LAST overrides the filter, empty: none), memcheck of the small tests: log.txt.
@@ -18,12 +19,7 @@ gpu_tests tests_first 150 'BlockCoreGpu.*:PagedWriteGpu.*:DecodeStepGpu.*'
 cp "$W/tests_first.log" "$OUT/tests_first.log"
 wait $basepid; stamp "base build rc=$?"; ls /tmp/v63_base/build-device/kvpack > /dev/null || tail -20 "$W/base_build.log"
 GRID="--formats bf16,fp8,int4,int4h --shapes 8/1/128,32/8/128 --batch 1,8,64 --context 8192 --iters 30"
-for r in $(seq 1 ${ROUNDS:-2}); do
-  /tmp/v63_base/build-device/kvpack bench $GRID --json "$W/ab_base_$r.json" > /dev/null 2>&1
-  ./build-device/kvpack bench $GRID --json "$W/ab_new_$r.json" > /dev/null 2>&1
-  stamp "write round $r"
-  AB_KIND=write python3 bench/tools/ab_summary.py "$W" "$OUT/ab_write.json" > "$OUT/ab_write.txt"
-done
+write_ab /tmp/v63_base/build-device/kvpack "${ROUNDS:-2}"
 if [ -z "${NO_GRID:-}" ] && [ "$(left)" -gt 150 ]; then
   FI_BENCH=${FI_BENCH:---formats bf16,fp8,int4,int4h,q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,16,32,64 --context 8192,32768,65536,131072 --step}
   fi_grid

@@ -20,36 +20,15 @@ PATCH=bench/tools/v64.patch
 # the tree has them already); main as it is becomes the base.
 if patch -p1 -N -s --dry-run < "$PATCH" > /dev/null 2>&1; then patch -p1 -N -s < "$PATCH" && stamp "v64 applied"; fi
 start_base_build /tmp/v64_base 5
-if [ -n "${WSTAMPS:-}" ]; then
-  (cmake -S . -B build-wstamps -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-     -DCMAKE_CUDA_FLAGS=-DKVPACK_WRITE_STAMPS > "$W/wstamps_build.log" 2>&1 && cmake --build build-wstamps -j4 \
-     --target kvpack_cli >> "$W/wstamps_build.log" 2>&1) &
-  wstampspid=$!
-fi
+[ -n "${WSTAMPS:-}" ] && start_stamps_build KVPACK_WRITE_STAMPS build-wstamps 4
 build_device kvpack_cli kvpack_gpu_tests kvpack_capi
 T=./build-device/kvpack_gpu_tests
 gpu_tests tests_first 60 'BlockCoreGpu.*:PagedWriteGpu.*:PagedDequantGpu.*'
 cp "$W/tests_first.log" "$OUT/tests_first.log"
 wait $basepid; stamp "base build rc=$?"; ls /tmp/v64_base/build-device/kvpack > /dev/null || tail -20 "$W/base_build.log"
 GRID="--formats bf16,fp8,int4,int4h,q4 --shapes 8/1/128,32/8/128 --batch 1,8,64 --context 8192 --iters 30"
-for r in $(seq 1 ${ROUNDS:-3}); do
-  if [ $((r % 2)) -eq 1 ]; then
-    /tmp/v64_base/build-device/kvpack bench $GRID --json "$W/ab_base_$r.json" > /dev/null 2>&1
-    ./build-device/kvpack bench $GRID --json "$W/ab_new_$r.json" > /dev/null 2>&1
-  else
-    ./build-device/kvpack bench $GRID --json "$W/ab_new_$r.json" > /dev/null 2>&1
-    /tmp/v64_base/build-device/kvpack bench $GRID --json "$W/ab_base_$r.json" > /dev/null 2>&1
-  fi
-  stamp "write round $r"
-  AB_KIND=write python3 bench/tools/ab_summary.py "$W" "$OUT/ab_write.json" > "$OUT/ab_write.txt"
-done
-if [ -n "${WSTAMPS:-}" ]; then
-  wait $wstampspid; stamp "wstamps build rc=$?"
-  KVPACK_WRITE_STAMPS_OUT="$W/wstamps_raw.txt" ./build-wstamps/kvpack bench --formats q4,q3 \
-    --shapes 8/1/128,32/8/128,9/3/64 --batch 1,8,64 --context 8192 --iters 5 > /dev/null 2>&1
-  python3 bench/tools/write_stamps.py "$W/wstamps_raw.txt" > "$OUT/wstamps.txt" 2>&1; stamp "wstamps"
-  tail -5 "$W/wstamps_build.log" > "$W/wstamps_build_tail.log"
-fi
+write_ab /tmp/v64_base/build-device/kvpack "${ROUNDS:-3}"
+[ -n "${WSTAMPS:-}" ] && write_stamps_run
 l=$(left)
 [ "$l" -gt 50 ] && gpu_tests tests $((l - 35)) 'DecodeStepGpu.*'
 memcheck_small 'PagedWriteGpu.OutOfRange*:PagedWriteGpu.DecodeStepOneToken*:DecodeStepGpu.BadArguments*'
