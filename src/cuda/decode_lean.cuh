@@ -88,6 +88,15 @@ constexpr bool kLeanGenFour = KVPACK_LEAN_GEN_MINB >= 4;
 #define KVPACK_LEAN_LAZY_VOTE 1
 #endif
 static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY x 2^8 must fit f16");
+// v65 (measurement): fp8's CTAs per SM (__launch_bounds__' minimum) and ring stages on the lean kernel. The default,
+// 1 and 3, gives 2 CTAs per SM (96 KB of ring each, 190 registers); 3 and 2 would give 3 (64 KB each, <= 168
+// registers). The stage count changes only when copies are issued: same bits.
+#ifndef KVPACK_LEAN_FP8_MINB
+#define KVPACK_LEAN_FP8_MINB 1
+#endif
+#ifndef KVPACK_LEAN_FP8_STAGES
+#define KVPACK_LEAN_FP8_STAGES 3
+#endif
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
@@ -95,7 +104,7 @@ struct LeanGeo {
   static constexpr bool kWordMajor = kQ && Lanes::kWordMajor;  // q3, q3.5: units copied whole, read word-major
   static constexpr int kUnitBytes = kQ ? Lanes::kUnitBytes : 16 * D;  // one 16-token unit of K (or V)
   static constexpr int kStageBytes = 4 * kUnitBytes;        // per warp: a step's 2 units of K and of V
-  static constexpr int kFormatStages = kWordMajor ? 4 : 3;
+  static constexpr int kFormatStages = kWordMajor ? 4 : kQ ? 3 : KVPACK_LEAN_FP8_STAGES;
   static constexpr int kLeafVals = 4 * (D / 16) + (kQ ? 6 : 4);  // a leaf's per-lane state: O, m, l (q: + L_tau)
   // kWarpOnly: a warp's chunk accumulator, float4 per lane: [D / 16][lane] O, then [lane] (m0, m1, l0, l1) and
   // [lane] (L_tau0, L_tau1, -, -).
@@ -231,7 +240,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // accumulator in shared memory): 108-128 registers instead of 133-168 (sm_90a), so 4 CTAs per SM instead of 3 (the
 // ring's stages cut where 4 would not fit: LeanGeo). Same arithmetic in the same order: same bits.
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
-__global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 : B2 == 0 ? 1 : KVPACK_LEAN_GEN_MINB)
+__global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 : B2 == 0 ? KVPACK_LEAN_FP8_MINB : KVPACK_LEAN_GEN_MINB)
     lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
