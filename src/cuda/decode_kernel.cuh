@@ -216,8 +216,7 @@ __device__ __forceinline__ void hadamard_cooperative(float* x) {
     }
   }
   __syncthreads();
-  constexpr float s = D == 64 ? 0.125f : 0.08838834764831845f;
-  for (int i = threadIdx.x; i < N * D; i += blockDim.x) x[i] *= s;
+  for (int i = threadIdx.x; i < N * D; i += blockDim.x) x[i] *= block::hadamard_scale<D>();
   __syncthreads();
 }
 

@@ -8,8 +8,9 @@
 //   octet_scale(meta, octet): a factor shared by the octet's 8 elements (int4's fp16 group scale), applied once
 //     per octet to the partial dot product / the probability, never per element (kHasOctetScale)
 //   kRotate: the stored vectors are Hadamard-rotated; the kernel rotates q once and the output once
-//   write path: kVectorEncode ? encode_vec<D>(x fp32[D], codes, meta, ...) calling the format's block core
-//     (include/kvpack/block/*.h, the same function the CPU reference calls) : encode8 (plain copies)
+//   write path: kVectorEncode ? (q formats: write_kv.cu's q kernels; the others: encode_group(x fp32[kEncodeElems],
+//     ...) on slices, after group_transform, calling the format's block core (include/kvpack/block/*.h, the same
+//     functions the CPU reference calls)) : encode8 (plain copies)
 // Work is organised in octets (8 elements) so one thread's inner loop is the same for every format: a 16/8/4-byte
 // shared-memory load, a few integer ops to dequantise, 8 FMAs per query head.
 #pragma once
@@ -117,10 +118,11 @@ struct Bf16Policy {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
-  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, const FormatParams&, int,
-                                                      bool) {}
+  __device__ __forceinline__ static const float* group_scale(const FormatParams&, int, bool) { return nullptr; }
+  __device__ __forceinline__ static float group_ctx(float) { return 0.f; }
   template <int D>
-  __device__ __forceinline__ static void encode_vec(const float*, uint8_t*, uint8_t*, const FormatParams&, int, bool) {}
+  __device__ __forceinline__ static void group_transform(float*, int) {}
+  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, float) {}
   __device__ __forceinline__ static float octet_scale(const uint8_t*, int) { return 1.f; }
   static constexpr int code_bytes(int D) { return 2 * D; }
   static constexpr int meta_bytes(int) { return 0; }
@@ -237,22 +239,24 @@ struct Fp8Policy {
   __device__ __forceinline__ static float v_token_scale(const uint8_t*) { return 1.f; }
   __device__ __forceinline__ static float q_scale(const FormatParams& p, int h) { return p.k_scale ? p.k_scale[h] : 1.f; }
   __device__ __forceinline__ static float out_scale(const FormatParams& p, int h) { return p.v_scale ? p.v_scale[h] : 1.f; }
-  template <int D>
-  __device__ __forceinline__ static void encode_vec(const float* x, uint8_t* codes, uint8_t*, const FormatParams& p,
-                                                    int h, bool is_v) {
-    const float* sc = is_v ? p.v_scale : p.k_scale;
-    block::Fp8Block<D>::encode(x, sc ? sc[h] : 1.f, codes);
-  }
   // Write path, 8 elements per thread (coalesced). Fp8Block::encode is elementwise; this applies the same scalar
   // core (block::f32_to_e4m3 of sanitize(x) * (1 / scale)) to a slice. The byte-exact GPU test guards the two.
+  // The write kernel loads the head's scale (group_scale: where it is, nullptr for 1) early, once per thread, and
+  // passes group_ctx(scale) = 1 / scale to each group it encodes.
   static constexpr int kEncodeElems = 8;
-  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t*,
-                                                      const FormatParams& p, int h, bool is_v) {
+  __device__ __forceinline__ static const float* group_scale(const FormatParams& p, int h, bool is_v) {
     const float* sc = is_v ? p.v_scale : p.k_scale;
-    const float inv = 1.0f / (sc ? sc[h] : 1.f);
+    return sc ? sc + h : nullptr;
+  }
+  __device__ __forceinline__ static float group_ctx(float scale) { return 1.0f / scale; }
+  template <int D>
+  __device__ __forceinline__ static void group_transform(float*, int) {}
+  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t*, float inv) {
     uint32_t w[2] = {0, 0};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i / 4] |= uint32_t(block::f32_to_e4m3(block::sanitize(x[i]) * inv)) << (8 * (i % 4));
+    for (int i = 0; i < 8; i += 2)
+      w[i / 4] |= uint32_t(block::f32x2_to_e4m3x2(block::sanitize(x[i]) * inv, block::sanitize(x[i + 1]) * inv))
+                  << (8 * (i % 4));
     *reinterpret_cast<uint2*>(codes + group * 8) = make_uint2(w[0], w[1]);
   }
 };
@@ -295,16 +299,39 @@ struct Int4Policy {
   __device__ __forceinline__ static float v_token_scale(const uint8_t*) { return 1.f; }
   __device__ __forceinline__ static float q_scale(const FormatParams&, int) { return 1.f; }
   __device__ __forceinline__ static float out_scale(const FormatParams&, int) { return 1.f; }
+  // Write path: one thread per 32-element group through the block core's q4_0_encode_group. int4h first rotates
+  // the whole head vector (Int4Block::encode: sanitize, then block::hadamard<D>), here across the D / 32 threads of
+  // one vector, which are neighbouring lanes (the write kernel's group index is its fastest): each thread runs the
+  // butterflies of len < 32 on its own 32 elements (block::hadamard_butterflies<32>), the wider stages exchange
+  // with the partner lane (grp ^ len), then the one final scale. Every butterfly adds or subtracts the same two
+  // values as the serial core's, so the bits are the same (PagedWriteGpu.ByteExactVsCpuEncoder; v64b: int4h's
+  // write had kept the whole rotated vector in local memory, 592 bytes per thread, and read 15% of the bandwidth).
+  static constexpr int kEncodeElems = 32;
+  __device__ __forceinline__ static const float* group_scale(const FormatParams&, int, bool) { return nullptr; }
+  __device__ __forceinline__ static float group_ctx(float) { return 0.f; }
   template <int D>
-  __device__ __forceinline__ static void encode_vec(const float* x, uint8_t* codes, uint8_t* meta, const FormatParams&,
-                                                    int, bool) {
-    block::Int4Block<D, Rotate>::encode(x, codes, meta);
+  __device__ __forceinline__ static void group_transform(float* x, int grp) {
+    if constexpr (Rotate) {
+      constexpr int kG = D / 32;  // threads of one head vector
+      const unsigned lane = threadIdx.x & 31u;
+      const unsigned mask = ((1u << kG) - 1u) << (lane & ~unsigned(kG - 1));
+#pragma unroll
+      for (int i = 0; i < 32; ++i) x[i] = block::sanitize(x[i]);
+      block::hadamard_butterflies<32>(x);
+#pragma unroll
+      for (int len = 1; len < kG; len <<= 1) {  // the stage of len 32 * len: element i of lanes grp and grp ^ len
+        const bool lower = (grp & len) == 0;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const float o = __shfl_xor_sync(mask, x[i], len);
+          x[i] = lower ? x[i] + o : o - x[i];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 32; ++i) x[i] *= block::hadamard_scale<D>();
+    }
   }
-  // Write path for plain int4: one thread per 32-element group through the block core's q4_0_encode_group (int4h
-  // needs the whole vector for its rotation: kEncodeElems = 0 keeps it on the per-vector path).
-  static constexpr int kEncodeElems = Rotate ? 0 : 32;
-  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t* meta,
-                                                      const FormatParams&, int, bool) {
+  __device__ __forceinline__ static void encode_group(const float* x, int group, uint8_t* codes, uint8_t* meta, float) {
     __align__(16) uint8_t c[16];
     const uint16_t d = block::q4_0_encode_group(x, c);
     *reinterpret_cast<uint4*>(codes + 16 * group) = *reinterpret_cast<const uint4*>(c);
@@ -325,13 +352,11 @@ struct QPolicy {
   static constexpr int meta_bytes(int D) { return block::block_layout(kFormat, D).meta_bytes; }
   template <int D>
   using Block = block::QBlock<D, BitsX2>;
+  __device__ __forceinline__ static const float* group_scale(const FormatParams&, int, bool) { return nullptr; }
+  __device__ __forceinline__ static float group_ctx(float) { return 0.f; }
   template <int D>
-  __device__ __forceinline__ static void encode_vec(const float* x, uint8_t* codes, uint8_t* meta,
-                                                    const FormatParams& p, int h, bool is_v) {
-    Block<D>::encode((is_v ? p.qv : p.qk).head(h, D), x, codes, meta);
-  }
-  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, const FormatParams&, int,
-                                                      bool) {}
+  __device__ __forceinline__ static void group_transform(float*, int) {}
+  __device__ __forceinline__ static void encode_group(const float*, int, uint8_t*, uint8_t*, float) {}
 };
 
 // nvcc 13's front end cannot evaluate fmt 9's consteval format-string check ("did not produce a valid constant

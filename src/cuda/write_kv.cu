@@ -34,13 +34,15 @@ namespace cuda_detail {
 __device__ __forceinline__ uint8_t* slot_block(int64_t slot, int64_t num_pages, int page_size, int num_kv_heads,
                                                int head, int64_t head_block_bytes, uint8_t* pool, int32_t* status,
                                                int& off) {
+  // page_size is a power of two (make_layout checks it, write_kv again): shifts, not a 64-bit division (v64).
+  const int sh = __ffs(page_size) - 1;
   if (slot < 0) return nullptr;
-  if (slot >= num_pages * page_size) {
+  if (slot >= (num_pages << sh)) {
     if (status) atomicOr(status, 1);
     return nullptr;
   }
-  const int64_t page = slot / page_size;
-  off = static_cast<int>(slot % page_size);
+  const int64_t page = slot >> sh;
+  off = static_cast<int>(slot & (page_size - 1));
   return pool + (page * num_kv_heads + head) * head_block_bytes;
 }
 
@@ -51,6 +53,16 @@ __device__ __forceinline__ uint8_t* slot_block(int64_t slot, int64_t num_pages, 
 __device__ __forceinline__ uint4 ld_early(const uint4* p) {
   uint4 r;
   asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ int32_t ld_early(const int32_t* p) {
+  int32_t r;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ float ld_early(const float* p) {
+  float r;
+  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(r) : "l"(p));
   return r;
 }
 
@@ -82,59 +94,17 @@ __global__ void write_kv_kernel(const uint16_t* __restrict__ k, const uint16_t* 
   P::encode8(in, octet, row, meta, params, head, kv == 1);
 }
 
-// Formats whose encoder needs the whole head vector (scales, rotations): one thread per (token, kv head, K/V),
-// calling the format's block core (the very function the CPU reference calls), codes built in registers/local
-// memory and stored with 16-byte writes.
-template <class P, int D>
-__global__ void write_kv_vec_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-                                    const int32_t* __restrict__ slots, int num_tokens, int num_kv_heads, int page_size,
-                                    int64_t head_block_bytes, int64_t num_pages, uint8_t* __restrict__ k_pool,
-                                    uint8_t* __restrict__ v_pool, FormatParams params, int32_t* status) {
-  constexpr int kCode = P::code_bytes(D), kMeta = P::meta_bytes(D);
-  static_assert(P::kQ || (kCode % 16 == 0 && (kMeta == 0 || kMeta % 4 == 0)), "codes in 16-byte pieces, metadata in words");
-  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (idx >= int64_t{num_tokens} * num_kv_heads * 2) return;
-  const int kv = static_cast<int>(idx % 2);
-  const int head = static_cast<int>((idx / 2) % num_kv_heads);
-  const int64_t tok = idx / 2 / num_kv_heads;
-  int off = 0;
-  uint8_t* block = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes, kv ? v_pool : k_pool,
-                              status, off);
-  if (!block) return;
-  const uint4* in = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * D);
-  float x[D];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    const uint4 r = in[i];
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
-      x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-  }
-  __align__(16) uint8_t codes[kCode + (kMeta > 0 ? kMeta : 4)];
-  P::template encode_vec<D>(x, codes, codes + kCode, params, head, kv == 1);
-  if constexpr (P::kQ) {
-    // q codes are 31/27/23/63/55/47 bytes: unaligned, written bytewise (the block core's bytes as they are).
-    uint8_t* dst = block + int64_t{off} * kCode;
-#pragma unroll
-    for (int i = 0; i < kCode; ++i) dst[i] = codes[i];
-    block[int64_t{page_size} * kCode + int64_t{off} * kMeta] = codes[kCode];
-    return;
-  }
-  uint4* dst = reinterpret_cast<uint4*>(block + int64_t{off} * kCode);
-#pragma unroll
-  for (int i = 0; i < kCode / 16; ++i) dst[i] = reinterpret_cast<const uint4*>(codes)[i];
-  if constexpr (kMeta > 0) {
-    uint32_t* md = reinterpret_cast<uint32_t*>(block + int64_t{page_size} * kCode + int64_t{off} * kMeta);
-#pragma unroll
-    for (int i = 0; i < kMeta / 4; ++i) md[i] = reinterpret_cast<const uint32_t*>(codes + kCode)[i];
-  }
-}
+// Formats whose encoder works on slices (fp8: 8 elements, int4 and int4h: 32): one thread per (kv head, K/V, group of
+// kEncodeElems elements) of kGroupTokens<P> consecutive tokens. Neighbouring threads read neighbouring 16-byte
+// pieces of one token row and write neighbouring code bytes (coalesced, as before v64); a thread's tokens share its
+// index arithmetic and its scale. Every load a thread makes (the scale, each token's slot and input) is issued
+// before the first slot is checked (ld_early), so they are all in flight together: v63 found the compiler sinking
+// plain loads below the slot checks' exits (bench/NOTES.md v63, v64).
+template <class P>
+inline constexpr int kGroupTokens = P::kEncodeElems >= 32 ? 2 : 4;  // 64-128 bytes of input in flight per thread
+// (int4h's rotation exchanges values between the D / E lanes of one vector: every early return and skip below is the
+// same for all of them, since they share the token, the kv head and so the slot.)
 
-// One thread per (token, kv head, K/V, group of kEncodeElems elements) for formats whose encoder works on slices:
-// neighbouring threads read neighbouring 16-byte pieces and write neighbouring code bytes.
 template <class P, int D>
 __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
                                       const int32_t* __restrict__ slots, int num_tokens, int num_kv_heads,
@@ -142,39 +112,52 @@ __global__ void write_kv_group_kernel(const uint16_t* __restrict__ k, const uint
                                       uint8_t* __restrict__ k_pool, uint8_t* __restrict__ v_pool, FormatParams params,
                                       int32_t* status) {
   // (instantiated for every format by the dispatch; only formats with kEncodeElems > 0 launch it)
-  constexpr int E = P::kEncodeElems > 0 ? P::kEncodeElems : 8, kGroups = D / E;
-  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (idx >= int64_t{num_tokens} * num_kv_heads * 2 * kGroups) return;
-  const int grp = static_cast<int>(idx % kGroups);
-  int64_t r = idx / kGroups;
-  const int kv = static_cast<int>(r % 2);
-  r /= 2;
-  const int head = static_cast<int>(r % num_kv_heads);
-  const int64_t tok = r / num_kv_heads;
-  // The input is loaded before the slot is resolved, so that both loads are in flight together (v63: a prefill
-  // write was two memory round trips in a row per thread; a padding token's input is read for nothing).
-  const uint4* in = reinterpret_cast<const uint4*>((kv ? v : k) + (tok * num_kv_heads + head) * D + grp * E);
-  uint4 raw[E / 8];
+  constexpr int E = P::kEncodeElems > 0 ? P::kEncodeElems : 8, kGroups = D / E, U = kGroupTokens<P>;
+  // The launcher keeps ceil(num_tokens / U) x per_token threads below 2^31: 32-bit index arithmetic.
+  const uint32_t per_token = static_cast<uint32_t>(num_kv_heads) * 2 * kGroups;
+  const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t tile = idx / per_token, part = idx - tile * per_token;
+  const int tok0 = static_cast<int>(tile) * U;
+  if (tok0 >= num_tokens) return;
+  const int grp = static_cast<int>(part % kGroups);
+  const int kv = static_cast<int>((part / kGroups) % 2);
+  const int head = static_cast<int>(part / kGroups / 2);
+  const float* scale_p = P::group_scale(params, head, kv == 1);
+  const float scale = scale_p ? ld_early(scale_p) : 1.0f;
+  const uint16_t* in0 = (kv ? v : k) + (int64_t{tok0} * num_kv_heads + head) * D + grp * E;
+  const int64_t tok_stride = int64_t{num_kv_heads} * D;
+  int32_t slot[U];
+  uint4 raw[U][E / 8];
 #pragma unroll
-  for (int i = 0; i < E / 8; ++i) raw[i] = ld_early(in + i);
-  int off = 0;
-  uint8_t* block = slot_block(slots[tok], num_pages, page_size, num_kv_heads, head, head_block_bytes, kv ? v_pool : k_pool,
-                              status, off);
-  if (!block) return;
-  float x[E];
+  for (int u = 0; u < U; ++u) {
+    if (tok0 + u >= num_tokens) break;
+    slot[u] = ld_early(slots + tok0 + u);
+    const uint4* in = reinterpret_cast<const uint4*>(in0 + u * tok_stride);
 #pragma unroll
-  for (int i = 0; i < E / 8; ++i) {
-    const uint4 q = raw[i];
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
-      x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
+    for (int i = 0; i < E / 8; ++i) raw[u][i] = ld_early(in + i);
   }
-  P::encode_group(x, grp, block + int64_t{off} * P::code_bytes(D),
-                  block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D), params, head,
-                  kv == 1);
+  const float ctx = P::group_ctx(scale);
+  uint8_t* pool = kv ? v_pool : k_pool;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (tok0 + u >= num_tokens) break;
+    int off = 0;
+    uint8_t* block = slot_block(slot[u], num_pages, page_size, num_kv_heads, head, head_block_bytes, pool, status, off);
+    if (!block) continue;
+    float x[E];
+#pragma unroll
+    for (int i = 0; i < E / 8; ++i) {
+      const uint32_t w[4] = {raw[u][i].x, raw[u][i].y, raw[u][i].z, raw[u][i].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
+        x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+      }
+    }
+    P::template group_transform<D>(x, grp);  // int4h: the vector's rotation, across its D / E lanes
+    P::encode_group(x, grp, block + int64_t{off} * P::code_bytes(D),
+                    block + int64_t{page_size} * P::code_bytes(D) + int64_t{off} * P::meta_bytes(D), ctx);
+  }
 }
 
 // q formats, the launches q_write_kind does not give the small kernel: one CTA of 512 threads per (tile of tokens,
@@ -798,6 +781,8 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
   KVPACK_CU_CHECK(a.slot_mapping, "write_kv: null slot_mapping");
   KVPACK_CU_CHECK(a.k_pool && a.v_pool, "write_kv: null K or V page pool");
   KVPACK_CU_CHECK(a.num_pages > 0, "write_kv: num_pages {} must be > 0", a.num_pages);
+  KVPACK_CU_CHECK(l.page_size > 0 && (l.page_size & (l.page_size - 1)) == 0,
+                  "write_kv: layout page_size {} must be a power of two (16, 32, 64 or 128)", l.page_size);
   const int threads = 128;
   const int sink_tokens = format_info(l.format).sink_tokens;
   if (a.sink_slot_mapping) {
@@ -820,20 +805,21 @@ void write_kv(const PagedLayout& l, const WriteArgs& a, void* stream) {
     KVPACK_DISPATCH_HEAD_DIM(l.head_dim, D, [&] {
       if constexpr (P::kQ) {
         launch_write_q<P, D>(l, a, static_cast<cudaStream_t>(stream));
-      } else if constexpr (P::kVectorEncode && P::kEncodeElems > 0) {
-        const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2 * (D / (P::kEncodeElems > 0 ? P::kEncodeElems : 8));
-        const int64_t blocks = (total + threads - 1) / threads;
-        write_kv_group_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
-                                      static_cast<cudaStream_t>(stream)>>>(
-            a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size, l.head_block_bytes, a.num_pages,
-            a.k_pool, a.v_pool, a.params, a.status);
-      } else if constexpr (P::kVectorEncode) {
-        const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2;
-        const int64_t blocks = (total + threads - 1) / threads;
-        write_kv_vec_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
-                                    static_cast<cudaStream_t>(stream)>>>(
-            a.k, a.v, a.slot_mapping, a.num_tokens, l.num_kv_heads, l.page_size, l.head_block_bytes, a.num_pages,
-            a.k_pool, a.v_pool, a.params, a.status);
+      } else if constexpr (P::kVectorEncode && P::kEncodeElems > 0) {  // fp8, int4, int4h: encode_group on slices
+        // Launches of at most `chunk` tokens keep the kernel's thread index below 2^31 (a chunk is ~33 M tokens at
+        // 32q/8kv: one launch in practice).
+        constexpr int E = P::kEncodeElems > 0 ? P::kEncodeElems : 8, U = kGroupTokens<P>;
+        const int64_t per_token = int64_t{l.num_kv_heads} * 2 * (D / E);
+        const int64_t chunk = std::max<int64_t>(U, (int64_t{INT32_MAX} - threads) / per_token * U);
+        for (int64_t t0 = 0; t0 < a.num_tokens; t0 += chunk) {
+          const int n = static_cast<int>(std::min<int64_t>(chunk, a.num_tokens - t0));
+          const int64_t blocks = ((n + U - 1) / U * per_token + threads - 1) / threads;
+          const int64_t in_off = t0 * l.num_kv_heads * D;
+          write_kv_group_kernel<P, D><<<dim3(static_cast<unsigned>(blocks)), threads, 0,
+                                        static_cast<cudaStream_t>(stream)>>>(
+              a.k + in_off, a.v + in_off, a.slot_mapping + t0, n, l.num_kv_heads, l.page_size, l.head_block_bytes,
+              a.num_pages, a.k_pool, a.v_pool, a.params, a.status);
+        }
       } else {
         const int64_t total = int64_t{a.num_tokens} * l.num_kv_heads * 2 * (l.head_dim / 8);
         const int64_t blocks = (total + threads - 1) / threads;

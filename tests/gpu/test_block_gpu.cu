@@ -14,6 +14,11 @@ __global__ void e4m3_kernel(const float* x, uint8_t* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = block::f32_to_e4m3(x[i]);
 }
+// f32x2_to_e4m3x2 (v64: the fp8 write kernel converts pairs) on (x[i], x[n - 1 - i]): bytes 2i and 2i + 1.
+__global__ void e4m3x2_kernel(const float* x, uint16_t* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = block::f32x2_to_e4m3x2(x[i], x[n - 1 - i]);
+}
 
 // f32_to_e4m3 on sm_89+ is cvt.rn.satfinite.e4m3x2.f32 (bench/NOTES.md v63). Every float whose top 20 bits (sign,
 // exponent, the 11 mantissa bits that decide e4m3's rounding with room to spare) take all 2^20 values, with the low
@@ -49,6 +54,20 @@ TEST(BlockCoreGpu, E4m3EncodeMatchesTheHost) {
     }
   }
   EXPECT_EQ(bad, 0) << "of " << n << " inputs";
+  // The pair conversion: the low byte is the first value's, the high byte the second's.
+  DevBuf<uint16_t> dpair(x.size());
+  dpair.fill_bytes(0xA5);
+  e4m3x2_kernel<<<(n + 255) / 256, 256>>>(dx.p, dpair.p, n);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> pairs = dpair.download();
+  int bad_pairs = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint16_t want = static_cast<uint16_t>(block::f32_to_e4m3(x[i]) | (block::f32_to_e4m3(x[n - 1 - i]) << 8));
+    if (pairs[i] != want && ++bad_pairs <= 10)
+      ADD_FAILURE() << "pair " << i << " (" << x[i] << ", " << x[n - 1 - i] << "): device 0x" << std::hex << pairs[i]
+                    << ", host 0x" << want << std::dec;
+  }
+  EXPECT_EQ(bad_pairs, 0) << "of " << n << " pairs";
 }
 
 }  // namespace

@@ -25,10 +25,8 @@ KVPACK_HD void load4(const float* p, float (&v)[4]) {
 #endif
 }
 
-KVPACK_HD float sanitize(float x) {
-  if (!(x == x)) return 0.0f;  // NaN
-  return x > kMaxInput ? kMaxInput : (x < -kMaxInput ? -kMaxInput : x);
-}
+// NaN -> 0, else clamped to +-kMaxInput (fminf / fmaxf of a number: the same as the comparisons, v64).
+KVPACK_HD float sanitize(float x) { return x == x ? fminf(fmaxf(x, -kMaxInput), kMaxInput) : 0.0f; }
 
 // ---- fp8 e4m3 ("fn": bias 7, no inf, S.1111.111 = NaN, max 448), exactly like CUDA's
 // __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3): round to nearest even, |x| >= 448 (and inf) -> +-448,
@@ -60,6 +58,17 @@ KVPACK_HD uint8_t f32_to_e4m3(float x) {
 #endif
 }
 
+// f32_to_e4m3 of two values, lo in the low byte: one cvt for both on sm_89+ (the fp8 write kernel, v64).
+KVPACK_HD uint16_t f32x2_to_e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint16_t>(f32_to_e4m3(lo) | (f32_to_e4m3(hi) << 8));
+#endif
+}
+
 KVPACK_HD float e4m3_to_f32(uint8_t c) {
   uint32_t e = (c >> 3) & 15u, m = c & 7u;
   float v;
@@ -75,8 +84,10 @@ KVPACK_HD float e4m3_to_f32(uint8_t c) {
 
 // ---- normalised Walsh-Hadamard transform (Sylvester order), in place; its own inverse. Butterflies are adds
 // only, then one multiply by 1/sqrt(n), so host and device agree bit for bit.
+// The butterfly stages len = 1 .. N/2 without the final scale (hadamard below; the GPU's int4h write runs the
+// stages of len < 32 with this on each thread's 32 elements and the wider ones across threads, v64b).
 template <int N>
-KVPACK_HD void hadamard(float* x) {
+KVPACK_HD void hadamard_butterflies(float* x) {
   static_assert(N >= 2 && (N & (N - 1)) == 0, "Hadamard size must be a power of two");
   for (int len = 1; len < N; len <<= 1)
     for (int i = 0; i < N; i += 2 * len)
@@ -85,7 +96,10 @@ KVPACK_HD void hadamard(float* x) {
         x[j] = a + b;
         x[j + len] = a - b;
       }
-  // 1/sqrt(N) for the sizes used (8..128); N = 4^k gives an exact power of two.
+}
+// 1/sqrt(N) for the sizes used (8..128); N = 4^k gives an exact power of two.
+template <int N>
+constexpr float hadamard_scale() {
   constexpr float s = N == 2     ? 0.70710678118654752f
                       : N == 4   ? 0.5f
                       : N == 8   ? 0.35355339059327376f
@@ -96,7 +110,12 @@ KVPACK_HD void hadamard(float* x) {
                       : N == 256 ? 0.0625f
                                  : 0.0f;
   static_assert(s != 0.0f, "unsupported Hadamard size");
-  for (int i = 0; i < N; ++i) x[i] *= s;
+  return s;
+}
+template <int N>
+KVPACK_HD void hadamard(float* x) {
+  hadamard_butterflies<N>(x);
+  for (int i = 0; i < N; ++i) x[i] *= hadamard_scale<N>();
 }
 
 // ---- per-token scale byte: tau = 2^((e - 128) / 16), e in 0..255, i.e. 2^-8 .. 2^7.94 in steps of 4.4%.

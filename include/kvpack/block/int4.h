@@ -23,11 +23,12 @@ KVPACK_HD uint16_t q4_0_encode_group(const float* x, uint8_t* codes) {
   float v[32];
   float amax = 0.0f, m = 0.0f;
   for (int j = 0; j < 32; ++j) {
-    float t = x[j];
-    if (!(t == t)) t = 0.0f;
-    t = t > 524032.0f ? 524032.0f : (t < -524032.0f ? -524032.0f : t);
+    // NaN -> 0, else clamped. Written with fminf / fmaxf / fabsf (the same values as the comparisons they replaced,
+    // signed zeros included; test Int4.EncodeGroupMatchesItsDefinition) so that the GPU's write kernel, which is
+    // issue-bound, folds them into min / max and operand modifiers (bench/NOTES.md v64).
+    const float t = x[j] == x[j] ? fminf(fmaxf(x[j], -524032.0f), 524032.0f) : 0.0f;
     v[j] = t;
-    float a = t < 0.0f ? -t : t;
+    const float a = fabsf(t);
     if (a > amax) {
       amax = a;
       m = t;
