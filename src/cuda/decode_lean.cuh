@@ -97,6 +97,13 @@ static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY
 #ifndef KVPACK_LEAN_FP8_STAGES
 #define KVPACK_LEAN_FP8_STAGES 3
 #endif
+// v67 (measurement): fp8 on the lean kernel with the q formats' lazy leaf max and its vote (v57, v57b; a new
+// numerical definition for lean fp8, math-equal to the old one: p = 2^(s - m) <= 2^LAZY, and p x |v| <= 2^LAZY x 448
+// fits f16), the scores' masks only on steps that hold masked tokens (v58; same bits), and the scores' two HMMA chains
+// (v56a). 0: as before.
+#ifndef KVPACK_LEAN_FP8_LAZY
+#define KVPACK_LEAN_FP8_LAZY 0
+#endif
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 struct LeanGeo {
   static constexpr bool kQ = B2 != 0;
@@ -706,15 +713,29 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
                      : "=r"(kw[4 * k]), "=r"(kw[4 * k + 1]), "=r"(kw[4 * k + 2]), "=r"(kw[4 * k + 3])
                      : "r"(st + ((u * 8 + k) * 32) * 16));
       float c[4] = {0.f, 0.f, 0.f, 0.f};
+      float c2[4] = {0.f, 0.f, 0.f, 0.f};
+      // v67 (KVPACK_LEAN_FP8_LAZY): two HMMA chains (the even and the odd k-blocks, then c += c'), as the q formats'
+      // KVPACK_LEAN_SCORE_CHAINS; part of that numerical definition.
 #pragma unroll
       for (int kb = 0; kb < 8; ++kb)
-        mma_f16_full(c, lean_e4m3x2(kw[kb]), lean_e4m3x2(kw[8 + kb]), lean_e4m3x2(kw[kb] >> 16),
-                 lean_e4m3x2(kw[8 + kb] >> 16), qb[kb][0], qb[kb][1]);
-      const int ta = t0 + 16 * u + g;
-      sc[u][0] = ta < len32 ? c[0] * qe0 : -INFINITY;
-      sc[u][1] = ta < len32 ? c[1] * qe1 : -INFINITY;
-      sc[u][2] = ta + 8 < len32 ? c[2] * qe0 : -INFINITY;
-      sc[u][3] = ta + 8 < len32 ? c[3] * qe1 : -INFINITY;
+        mma_f16_full(KVPACK_LEAN_FP8_LAZY && kb % 2 ? c2 : c, lean_e4m3x2(kw[kb]), lean_e4m3x2(kw[8 + kb]),
+                     lean_e4m3x2(kw[kb] >> 16), lean_e4m3x2(kw[8 + kb] >> 16), qb[kb][0], qb[kb][1]);
+      if constexpr (KVPACK_LEAN_FP8_LAZY)
+        c[0] = __fadd_rn(c[0], c2[0]), c[1] = __fadd_rn(c[1], c2[1]), c[2] = __fadd_rn(c[2], c2[2]),
+        c[3] = __fadd_rn(c[3], c2[3]);
+      sc[u][0] = c[0] * qe0;
+      sc[u][1] = c[1] * qe1;
+      sc[u][2] = c[2] * qe0;
+      sc[u][3] = c[3] * qe1;
+      // Tokens at or past the sequence's end score -inf (v67 with KVPACK_LEAN_FP8_LAZY: only on a step that holds
+      // such tokens, a warp-uniform branch; the same scores either way).
+      if (KVPACK_LEAN_FP8_LAZY == 0 || t0 + kLeanStepTok > len32) {
+        const int ta = t0 + 16 * u + g;
+        sc[u][0] = ta < len32 ? sc[u][0] : -INFINITY;
+        sc[u][1] = ta < len32 ? sc[u][1] : -INFINITY;
+        sc[u][2] = ta + 8 < len32 ? sc[u][2] : -INFINITY;
+        sc[u][3] = ta + 8 < len32 ? sc[u][3] : -INFINITY;
+      }
     }
     // ---- online softmax of the leaf over this step ----
     // The lane's own maxima of its rows (heads 2q, 2q + 1), then (row_max) over the row's 8 lanes.
@@ -747,7 +768,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
       }
     };
     float r0, r1;
-    if constexpr (kLaneQ && KVPACK_LEAN_LAZY > 0) {
+    if constexpr ((kLaneQ || KVPACK_LEAN_FP8_LAZY) && KVPACK_LEAN_LAZY > 0) {
       // v57 (q formats): the leaf's reference max m is set by its first step and moves only when a step's max passes
       // it by more than KVPACK_LEAN_LAZY (log2 units), so most steps skip the rescale. The weights p = 2^(s - m)
       // then stay <= 2^LAZY, and p tau_V < 2^LAZY x 2^8 fits f16. The rescale runs for the whole warp when any of its
