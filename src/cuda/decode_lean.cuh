@@ -144,10 +144,6 @@ __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
 }
-__device__ __forceinline__ uint32_t lean_e4m3x2(uint32_t two) {
-  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  return uint32_t(hr.x) | (uint32_t(hr.y) << 16);
-}
 // The warp-only instance's accumulator rows (volatile: kept in program order, so at most a row is in registers).
 __device__ __forceinline__ void lean_lds4(uint32_t a, float (&v)[4]) {
   asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(a));
@@ -718,8 +714,9 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
       // KVPACK_LEAN_SCORE_CHAINS; part of that numerical definition.
 #pragma unroll
       for (int kb = 0; kb < 8; ++kb)
-        mma_f16_full(KVPACK_LEAN_FP8_LAZY && kb % 2 ? c2 : c, lean_e4m3x2(kw[kb]), lean_e4m3x2(kw[8 + kb]),
-                     lean_e4m3x2(kw[kb] >> 16), lean_e4m3x2(kw[8 + kb] >> 16), qb[kb][0], qb[kb][1]);
+        mma_f16_full(KVPACK_LEAN_FP8_LAZY && kb % 2 ? c2 : c, e4m3x2_to_f16x2_half<0>(kw[kb]),
+                     e4m3x2_to_f16x2_half<0>(kw[8 + kb]), e4m3x2_to_f16x2_half<1>(kw[kb]),
+                     e4m3x2_to_f16x2_half<1>(kw[8 + kb]), qb[kb][0], qb[kb][1]);
       if constexpr (KVPACK_LEAN_FP8_LAZY)
         c[0] = __fadd_rn(c[0], c2[0]), c[1] = __fadd_rn(c[1], c2[1]), c[2] = __fadd_rn(c[2], c2[2]),
         c[3] = __fadd_rn(c[3], c2[3]);
@@ -863,10 +860,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         // Channel 16g + 4j + 2e (+1): tokens 2q, 2q + 1 paired byte-wise (lo byte = token 2q).
         const uint32_t a_lo = lean_prmt(vw[j], vw[4 + j], 0x5140), a_hi = lean_prmt(vw[j], vw[4 + j], 0x7362);
         const uint32_t b_lo = lean_prmt(vw[8 + j], vw[12 + j], 0x5140), b_hi = lean_prmt(vw[8 + j], vw[12 + j], 0x7362);
-        mma_f16_full(o[2 * j], lean_e4m3x2(a_lo), lean_e4m3x2(a_lo >> 16), lean_e4m3x2(b_lo), lean_e4m3x2(b_lo >> 16), b0,
-                 b1);
-        mma_f16_full(o[2 * j + 1], lean_e4m3x2(a_hi), lean_e4m3x2(a_hi >> 16), lean_e4m3x2(b_hi),
-                 lean_e4m3x2(b_hi >> 16), b0, b1);
+        mma_f16_full(o[2 * j], e4m3x2_to_f16x2_half<0>(a_lo), e4m3x2_to_f16x2_half<1>(a_lo),
+                     e4m3x2_to_f16x2_half<0>(b_lo), e4m3x2_to_f16x2_half<1>(b_lo), b0, b1);
+        mma_f16_full(o[2 * j + 1], e4m3x2_to_f16x2_half<0>(a_hi), e4m3x2_to_f16x2_half<1>(a_hi),
+                     e4m3x2_to_f16x2_half<0>(b_hi), e4m3x2_to_f16x2_half<1>(b_hi), b0, b1);
       }
     }
     // ---- leaf / chunk boundaries (a leaf is kLeafSteps steps; the sequence's last chunk may end early) ----

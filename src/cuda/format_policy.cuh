@@ -53,6 +53,25 @@ __device__ __forceinline__ uint32_t f32x2_to_f16x2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
+// Two e4m3 bytes -> f16x2 (exact: every e4m3 value is an f16), from the low (H = 0) or the high (H = 1) 16 bits of a
+// word. On sm_89+ one cvt that reads the register's half directly (F2FP ... R.H1: no shift or mask first; v68); the
+// same conversion, so the same bits, as __nv_cvt_fp8x2_to_halfraw2 of the shifted half (the fallback elsewhere).
+template <int H>
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_half(uint32_t w) {
+  static_assert(H == 0 || H == 1, "the low or the high half");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t d;
+  if constexpr (H == 0)
+    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;}\n" : "=r"(d) : "r"(w));
+  else
+    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;}\n" : "=r"(d) : "r"(w));
+  return d;
+#else
+  const __half2_raw hr =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(H ? w >> 16 : w & 0xffffu), __NV_E4M3);
+  return uint32_t(hr.x) | (uint32_t(hr.y) << 16);
+#endif
+}
 // Head-dimension permutation shared by A (query) and B (codes) fragments: thread t4 of a quad owns the 16-byte
 // chunks t4, t4 + 4, ... of a token row (E elements each); k-step ks takes 4 consecutive elements of one of them,
 // so B comes from conflict-light 16-byte loads instead of scattered 4-byte ones. Returns the first of the 4 dims.
@@ -165,10 +184,6 @@ struct Fp8Policy {
   __device__ __forceinline__ static void mma(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
     mma_f16(c, a0, a2, b0, b1);
   }
-  __device__ __forceinline__ static uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
-    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes), __NV_E4M3);
-    return uint32_t(hr.x) | (uint32_t(hr.y) << 16);
-  }
   // 16 bytes = 16 e4m3 = four k-steps (one 32-bit word, two cvt each).
   template <int D>
   __device__ __forceinline__ static void mma_b(const uint8_t* row, int t4, uint32_t (&bf)[D / 16][2]) {
@@ -178,8 +193,8 @@ struct Fp8Policy {
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int hh = 0; hh < 4; ++hh) {
-        bf[4 * j + hh][0] = e4m3x2_to_f16x2(w[hh] & 0xffffu);
-        bf[4 * j + hh][1] = e4m3x2_to_f16x2(w[hh] >> 16);
+        bf[4 * j + hh][0] = e4m3x2_to_f16x2_half<0>(w[hh]);
+        bf[4 * j + hh][1] = e4m3x2_to_f16x2_half<1>(w[hh]);
       }
     }
   }
@@ -202,10 +217,10 @@ struct Fp8Policy {
 #pragma unroll
     for (int w = 0; w < D / 32; ++w) {
       const uint32_t x = __byte_perm(wa[w], wb[w], 0x5140), y = __byte_perm(wa[w], wb[w], 0x7362);
-      out[2 * w][0] = e4m3x2_to_f16x2(x & 0xffffu);
-      out[2 * w][1] = e4m3x2_to_f16x2(x >> 16);
-      out[2 * w + 1][0] = e4m3x2_to_f16x2(y & 0xffffu);
-      out[2 * w + 1][1] = e4m3x2_to_f16x2(y >> 16);
+      out[2 * w][0] = e4m3x2_to_f16x2_half<0>(x);
+      out[2 * w][1] = e4m3x2_to_f16x2_half<1>(x);
+      out[2 * w + 1][0] = e4m3x2_to_f16x2_half<0>(y);
+      out[2 * w + 1][1] = e4m3x2_to_f16x2_half<1>(y);
     }
   }
   // The weights w0, w1 as an f16 hi + lo pair of registers (~22 bits kept, as fp32 products would).
@@ -227,9 +242,8 @@ struct Fp8Policy {
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const __half2_raw hr =
-            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * j)), __NV_E4M3);
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+        const uint32_t h2 = j ? e4m3x2_to_f16x2_half<1>(w[i]) : e4m3x2_to_f16x2_half<0>(w[i]);
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
         out[4 * i + 2 * j] = f.x;
         out[4 * i + 2 * j + 1] = f.y;
       }

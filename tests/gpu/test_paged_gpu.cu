@@ -1,6 +1,8 @@
 // GPU tests of the paged write path, the dequantiser and decode attention, against the CPU reference.
 // Labelled `gpu`; every test skips cleanly without a GPU. Inputs are fresh random values with fixed seeds.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "cuda/decode_internal.cuh"
@@ -10,10 +12,15 @@
 namespace kvpack::test {
 namespace {
 
+// Every format with a paged layout; KVPACK_TEST_FORMATS (a comma list, e.g. "fp8") narrows the tests that loop over
+// them to those (a device call that changed one format's kernels re-tests it alone).
 std::vector<Format> paged_formats() {
+  std::vector<Format> only;
+  if (const char* env = std::getenv("KVPACK_TEST_FORMATS"); env && *env) only = parse_format_list(env);
   std::vector<Format> out;
   for (const auto& f : all_formats())
-    if (paged_format_supported(f.id)) out.push_back(f.id);
+    if (paged_format_supported(f.id) && (only.empty() || std::find(only.begin(), only.end(), f.id) != only.end()))
+      out.push_back(f.id);
   return out;
 }
 
