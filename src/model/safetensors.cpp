@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "kvpack/bf16.h"
+#include "kvpack/block/common.h"
 #include "kvpack/error.h"
 #include "kvpack/mapped_file.h"
 
@@ -411,19 +412,8 @@ std::vector<std::string> SafetensorsModel::names() const {
 
 // ------------------------------------------------------------------------------------------------ conversion
 
-float f8_e4m3_to_f32(uint8_t v) {
-  const bool neg = v & 0x80;
-  const int e = (v >> 3) & 0xf;
-  const int m = v & 0x7;
-  float x;
-  if (e == 0xf && m == 0x7)
-    x = std::numeric_limits<float>::quiet_NaN();
-  else if (e == 0)
-    x = std::ldexp(static_cast<float>(m), -9);  // subnormal: m/8 * 2^(1-7)
-  else
-    x = std::ldexp(static_cast<float>(8 + m), e - 10);  // (1 + m/8) * 2^(e-7)
-  return neg ? -x : x;
-}
+// e4m3 (OCP "fn": no infinities, S.1111.111 is NaN) is the fp8 format's own code: one definition, the block core's.
+float f8_e4m3_to_f32(uint8_t v) { return block::e4m3_to_f32(v); }
 
 float f8_e5m2_to_f32(uint8_t v) {
   const bool neg = v & 0x80;
