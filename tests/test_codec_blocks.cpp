@@ -90,9 +90,9 @@ TEST(Int4, GoldenAgainstGgmlQ4_0) {
 
 // sanitize() and q4_0_encode_group pinned to their definitions (written out below with comparisons), bit for bit on
 // the values where another spelling could part from them: NaN, +-inf, the clamp bounds and their neighbours, signed
-// zeros, subnormals, and groups whose largest magnitude appears with both signs (the first one wins). v64
-// (bench/tools/v64.patch, not on main until a GPU has run it) spells them with fminf / fmaxf / fabsf so that the
-// GPU's write kernel folds them; this test is what says the spellings agree.
+// zeros, subnormals, and groups whose largest magnitude appears with both signs (the first one wins). Since v64
+// (bench/NOTES.md) the code spells them with fminf / fmaxf / fabsf so that the GPU's write kernel folds them; this
+// test is what says the spellings agree.
 namespace {
 float sanitize_def(float x) {
   if (!(x == x)) return 0.0f;

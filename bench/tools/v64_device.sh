@@ -2,9 +2,8 @@
 # One device call (bench/NOTES.md v64, v64b): the plain write kernels coarsened (fp8 4 tokens per thread, int4 and
 # int4h 2; the index arithmetic, the slot's page by shifts, and fp8's scale load and reciprocal shared; every load
 # issued before the first slot check; fp8 converting pairs with one cvt; sanitize() and int4's clamp / |x| as min /
-# max; v64b: int4h's rotation across the lanes of a vector) against main built beside it. bench/tools/v64.patch (src,
-# include, and the GPU test of the pair conversion) is applied to the device's copy of the tree first; the base is
-# that copy with the patch reversed (main). In order, each step's files
+# max; v64b: int4h's rotation across the lanes of a vector) against main before v64 built beside it (the tree with
+# bench/tools/v64.patch, src, include and the GPU test of the pair conversion, reversed). In order, each step's files
 # written into $OUT as it ends:
 #   1. tests: BlockCoreGpu.* (e4m3 and the new pair conversion against the host over 5 M inputs), PagedWriteGpu.*,
 #      PagedDequantGpu.*: tests_first.log (DecodeStepGpu.* after step 3, in what time is left);
@@ -19,8 +18,8 @@
 #   LIMIT_S=420 WSTAMPS=1 bash bench/tools/v64_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v64_out /tmp/v64_work 420
 PATCH=bench/tools/v64.patch
-# v64 / v64b are kept off main until a GPU has run them: applied here to the device's copy of the tree (skipped when
-# the tree has them already); main as it is becomes the base.
+# v64 / v64b: applied here to the device's copy of the tree when it lacks them (main has had them since their run,
+# so the apply is skipped); the base is that tree with the patch reversed.
 if patch -p1 -N -s --dry-run < "$PATCH" > /dev/null 2>&1; then patch -p1 -N -s < "$PATCH" && stamp "v64 applied"; fi
 start_base_build /tmp/v64_base 5
 [ -n "${WSTAMPS:-}" ] && start_stamps_build KVPACK_WRITE_STAMPS build-wstamps 4
