@@ -83,6 +83,22 @@ write_ab() {
 lean_registers() {
   grep -E "lean_(q_prep|kernel|merge)" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | head -20
 }
+# bench_ab DIR ROUNDS NAME=BINARY ...: `BINARY bench $GRID` of each build for ROUNDS rounds, the order reversed on even
+# rounds, into DIR/ab_NAME_ROUND.json (names without "_"; one of them "base"); after each round the summary
+# (bench/tools/ab_summary.py) into $OUT/ab_<DIR's name>.json and .txt. (For new scripts: write_ab and the v64 / v68
+# loops are older copies of this.)
+bench_ab() {
+  local dir=$1 rounds=$2 r v
+  shift 2
+  mkdir -p "$dir"
+  for r in $(seq 1 "$rounds"); do
+    local order=("$@")
+    [ $((r % 2)) -eq 0 ] && order=($(printf '%s\n' "$@" | tac))
+    for v in "${order[@]}"; do "${v#*=}" bench $GRID --json "$dir/ab_${v%%=*}_$r.json" > /dev/null 2>&1; done
+    stamp "A/B round $r"
+    python3 bench/tools/ab_summary.py "$dir" "$OUT/ab_$(basename "$dir").json" > "$OUT/ab_$(basename "$dir").txt"
+  done
+}
 # ab_bench VARIANT ROUND [VAR=VALUE ...]: build-device's `kvpack bench $GRID` with those environment variables (the
 # lean path's measurement switches) into $W/ab_VARIANT_ROUND.json, the file names bench/tools/ab_summary.py reads.
 ab_bench() {

@@ -97,6 +97,14 @@ static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY
 #ifndef KVPACK_LEAN_FP8_STAGES
 #define KVPACK_LEAN_FP8_STAGES 3
 #endif
+// v71: how fp8's chunk partial is stored. Lane (g, q) holds channels 16 g .. 16 g + 15 of heads 2q and 2q + 1.
+// 0: 16 8-byte stores per lane, each warp store touching 32 sectors for 256 bytes (4x the sectors of its bytes; v70's
+// ncu: lean fp8 asks the L2 for ~1.3 sectors per request, its tag lookups the busiest unit); 1: 4 16-byte stores per
+// head (2x); 2: lane pairs (g, g ^ 1) swap a 16-byte quarter by shuffles first, so that each 16-byte store instruction
+// fills whole sectors (1x). The same values in the same places: the same bits.
+#ifndef KVPACK_LEAN_FP8_ST
+#define KVPACK_LEAN_FP8_ST 2
+#endif
 // v67 (measurement): fp8 on the lean kernel with the q formats' lazy leaf max and its vote (v57, v57b; a new
 // numerical definition for lean fp8, math-equal to the old one: p = 2^(s - m) <= 2^LAZY, and p x |v| <= 2^LAZY x 448
 // fits f16), the scores' masks only on steps that hold masked tokens (v58; same bits), and the scores' two HMMA chains
@@ -601,7 +609,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
           if (h1 < p.group) __stcg(acc + h1 * D + ch, fmaf(cr[2 * e + 1], up, -off * ct1));
         }
       }
-    } else {
+    } else if constexpr (KVPACK_LEAN_FP8_ST == 0) {
 #pragma unroll
       for (int mb = 0; mb < 8; ++mb) {
         const int ch = 16 * g + 2 * mb;
@@ -612,6 +620,40 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         if (h1 < p.group) {
           __stcg(acc + h1 * D + ch, co[mb][1]);
           __stcg(acc + h1 * D + ch + 1, co[mb][3]);
+        }
+      }
+    } else {
+      // Head 2q + e's channels 16 g + i (i < 16) are v[i]: (co[mb][e], co[mb][2 + e]) for mb = 0..7 in order. Quad j
+      // = v[4j .. 4j + 3] (16 bytes), sector s = quads 2s, 2s + 1 of the lane's 64-byte block.
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int hh = e ? h1 : h0;
+        float v[16];
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) v[2 * mb] = co[mb][e], v[2 * mb + 1] = co[mb][2 + e];
+        float4* blk = reinterpret_cast<float4*>(acc + hh * D + 16 * g);  // this lane's block (16-byte aligned)
+        if constexpr (KVPACK_LEAN_FP8_ST == 1) {
+          if (hh < p.group)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) __stcg(blk + j, make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]));
+        } else {
+          // Pair (a = even g, b = a + 1, lane ^ 4): a sends its quad 2s + 1, b its quad 2s. Store 1 fills sector s of
+          // a's block (a: its quad 2s, b: a's quad 2s + 1), store 2 sector s of b's block (a: b's quad 2s, b: its
+          // quad 2s + 1).
+          const bool odd = g & 1;
+#pragma unroll
+          for (int sct = 0; sct < 2; ++sct) {
+            float r[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) r[i] = __shfl_xor_sync(0xffffffffu, odd ? v[8 * sct + i] : v[8 * sct + 4 + i], 4);
+            const float4 rq = make_float4(r[0], r[1], r[2], r[3]);
+            const float4 lo = make_float4(v[8 * sct], v[8 * sct + 1], v[8 * sct + 2], v[8 * sct + 3]);
+            const float4 hi = make_float4(v[8 * sct + 4], v[8 * sct + 5], v[8 * sct + 6], v[8 * sct + 7]);
+            if (hh < p.group) {  // the same for both lanes of a pair (same q)
+              __stcg(odd ? blk - 4 + 2 * sct + 1 : blk + 2 * sct, odd ? rq : lo);
+              __stcg(odd ? blk + 2 * sct + 1 : blk + 4 + 2 * sct, odd ? hi : rq);
+            }
+          }
         }
       }
     }
