@@ -98,10 +98,11 @@ static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY
 #define KVPACK_LEAN_FP8_STAGES 3
 #endif
 // v71: how fp8's chunk partial is stored. Lane (g, q) holds channels 16 g .. 16 g + 15 of heads 2q and 2q + 1.
-// 0: 16 8-byte stores per lane, each warp store touching 32 sectors for 256 bytes (4x the sectors of its bytes; v70's
-// ncu: lean fp8 asks the L2 for ~1.3 sectors per request, its tag lookups the busiest unit); 1: 4 16-byte stores per
-// head (2x); 2: lane pairs (g, g ^ 1) swap a 16-byte quarter by shuffles first, so that each 16-byte store instruction
-// fills whole sectors (1x). The same values in the same places: the same bits.
+// 0 (before v71): 32 4-byte stores per lane (sm_90a SASS: STG.E), each warp store touching 32 sectors for 128 bytes
+// (8x the sectors of its bytes; v70's ncu: lean fp8's L2 tag lookups were its busiest unit, at 1.3 sectors per
+// request); 1: 4 16-byte stores per head (2x); 2: lane pairs (g, g ^ 1) swap a 16-byte quarter by shuffles first, so
+// that each 16-byte store instruction fills whole sectors (1x; measured 1.01-1.07x over 0, bench/NOTES.md v71). The
+// same values in the same places: the same bits.
 #ifndef KVPACK_LEAN_FP8_ST
 #define KVPACK_LEAN_FP8_ST 2
 #endif
