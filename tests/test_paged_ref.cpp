@@ -2,6 +2,7 @@
 // fp64 reference attention (the oracle the GPU tests trust).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -232,6 +233,62 @@ void lanes_roundtrip(uint64_t seed) {
     L::load_token(unit.data(), t, k.data(), e);
     EXPECT_EQ(k, codes[t]) << "B2=" << B2 << " D=" << D << " V=" << V << " t=" << t;
     EXPECT_EQ(e, scales[t]);
+  }
+}
+
+// paged_write_ref encodes the tokens of a launch with distinct slots on all threads: every format's pools must be the
+// bytes of writing the tokens one call at a time, in order (a one-token call takes the sequential path). A launch that
+// repeats a slot keeps the order (the last write wins). A bad slot anywhere is reported before anything is written.
+TEST(PagedWriteRef, ThreadedWriteGivesTheSequentialBytes) {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd;
+  for (const auto& info : all_formats()) {
+    const Format f = info.id;
+    SCOPED_TRACE(format_name(f));
+    const int P = 16, H = 2, D = 128, n = 300;  // 300 tokens: 5 chunks of 64 on the threads
+    const PagedLayout l = make_paged_layout(f, P, H, D);
+    const int64_t pages = n / P + 3;
+    std::vector<uint16_t> k(size_t(n) * H * D), v(size_t(n) * H * D);
+    for (auto& x : k) x = f32_to_bf16(nd(rng));
+    for (auto& x : v) x = f32_to_bf16(nd(rng));
+    std::vector<float> ks(H, 0.02f), vs(H, 0.03f);
+    FormatParams fp{ks.data(), vs.data()};
+    QHostParams qk, qv;
+    if (info.sink_tokens > 0) {
+      qk = synthetic_q_params(f, false, H, D, 1);
+      qv = synthetic_q_params(f, true, H, D, 2);
+      fp.qk = qk.table();
+      fp.qv = qv.table();
+    }
+    std::vector<int32_t> slots(n);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    slots[7] = -1;  // padding
+    const size_t bytes = size_t(pages * l.page_bytes());
+    std::vector<uint8_t> kt(bytes, 0xA5), vt(bytes, 0xA5), ks1(bytes, 0xA5), vs1(bytes, 0xA5);
+    paged_write_ref(l, kt.data(), vt.data(), pages, k.data(), v.data(), slots.data(), n, fp);
+    for (int i = 0; i < n; ++i)
+      paged_write_ref(l, ks1.data(), vs1.data(), pages, k.data() + size_t(i) * H * D, v.data() + size_t(i) * H * D,
+                      &slots[i], 1, fp);
+    EXPECT_EQ(kt, ks1);
+    EXPECT_EQ(vt, vs1);
+    // Slot slots[0] written again by the last token: the last write wins, as in order.
+    std::vector<int32_t> rep = slots;
+    rep[n - 1] = slots[0];
+    std::vector<uint8_t> kr(bytes, 0xA5), vr(bytes, 0xA5);
+    paged_write_ref(l, kr.data(), vr.data(), pages, k.data(), v.data(), rep.data(), n, fp);
+    std::vector<uint8_t> ke(bytes, 0xA5), ve(bytes, 0xA5);
+    for (int i = 0; i < n; ++i)
+      paged_write_ref(l, ke.data(), ve.data(), pages, k.data() + size_t(i) * H * D, v.data() + size_t(i) * H * D,
+                      &rep[i], 1, fp);
+    EXPECT_EQ(kr, ke);
+    EXPECT_EQ(vr, ve);
+    // A slot past the pool at the end: an error, and nothing written.
+    std::vector<int32_t> bad = slots;
+    bad[n - 1] = static_cast<int32_t>(pages * P);
+    std::vector<uint8_t> kb(bytes, 0xA5), vb(bytes, 0xA5);
+    EXPECT_THROW(paged_write_ref(l, kb.data(), vb.data(), pages, k.data(), v.data(), bad.data(), n, fp), Error);
+    EXPECT_EQ(kb, std::vector<uint8_t>(bytes, 0xA5));
   }
 }
 

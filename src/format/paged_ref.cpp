@@ -12,6 +12,7 @@
 #include "kvpack/decode.h"
 #include "kvpack/error.h"
 #include "kvpack/paged.h"
+#include "kvpack/parallel.h"
 
 namespace kvpack {
 namespace {
@@ -212,13 +213,15 @@ void paged_write_ref(const PagedLayout& l, uint8_t* k_pool, uint8_t* v_pool, int
   KVPACK_CHECK(k_pool && v_pool && k && v && (slots || num_tokens == 0), "paged_write_ref: null pointer argument");
   const int64_t cap = num_pages * l.page_size;
   const int64_t stride = int64_t{l.num_kv_heads} * l.head_dim;
-  for (int i = 0; i < num_tokens; ++i) {
-    int64_t s = slots[i];
-    if (s < 0) continue;
-    KVPACK_CHECK(s < cap, "paged_write_ref: slot_mapping[{}] = {} is outside the pool of {} pages x {} tokens", i, s,
-                 num_pages, l.page_size);
-    int64_t page = s / l.page_size;
-    int off = static_cast<int>(s % l.page_size);
+  // Every slot is checked before anything is written (the first bad one is reported).
+  for (int i = 0; i < num_tokens; ++i)
+    KVPACK_CHECK(slots[i] < cap, "paged_write_ref: slot_mapping[{}] = {} is outside the pool of {} pages x {} tokens",
+                 i, slots[i], num_pages, l.page_size);
+  auto write_token = [&](int64_t i) {
+    const int64_t s = slots[i];
+    if (s < 0) return;
+    const int64_t page = s / l.page_size;
+    const int off = static_cast<int>(s % l.page_size);
     for (int h = 0; h < l.num_kv_heads; ++h) {
       for (int kv = 0; kv < 2; ++kv) {
         uint8_t* pool = kv ? v_pool : k_pool;
@@ -238,7 +241,27 @@ void paged_write_ref(const PagedLayout& l, uint8_t* k_pool, uint8_t* v_pool, int
         encode_token_ref(l, x, codes, meta, h, kv == 1, params);
       }
     }
+  };
+  // A token writes only bytes of its own slot (its codes and metadata; in the lane layout its own halves, bytes and
+  // nibble bytes of the unit, block/q_lanes.h), so tokens in distinct slots are encoded on all threads with the
+  // sequential loop's bytes. A repeated slot (the last write wins) keeps the order: one thread.
+  constexpr int kChunk = 64;
+  bool repeated = num_tokens <= kChunk;
+  if (!repeated) {
+    std::vector<int32_t> used;
+    used.reserve(size_t(num_tokens));
+    for (int i = 0; i < num_tokens; ++i)
+      if (slots[i] >= 0) used.push_back(slots[i]);
+    std::sort(used.begin(), used.end());
+    repeated = std::adjacent_find(used.begin(), used.end()) != used.end();
   }
+  if (repeated) {
+    for (int i = 0; i < num_tokens; ++i) write_token(i);
+    return;
+  }
+  parallel_items((num_tokens + kChunk - 1) / kChunk, hardware_threads(), [&](int64_t c) {
+    for (int64_t i = c * kChunk; i < std::min<int64_t>(num_tokens, (c + 1) * kChunk); ++i) write_token(i);
+  });
 }
 
 namespace {
@@ -309,7 +332,9 @@ void decode_attention_ref(const PagedLayout& l, const uint8_t* k_pool, const uin
   KVPACK_CHECK(num_qo_heads % l.num_kv_heads == 0, "decode_attention_ref: {} query heads not a multiple of {} kv heads",
                num_qo_heads, l.num_kv_heads);
   const int G = num_qo_heads / l.num_kv_heads;
-  std::vector<float> kbuf(D), vbuf(D);
+  // On all threads: a (sequence, kv head)'s tokens are dequantised in chunks, then its query heads run one per
+  // thread. Each value is computed in the same order whatever the thread count.
+  const int threads = hardware_threads();
   for (int b = 0; b < t.batch; ++b) {
     const int64_t n = seq_len_of(t, l.page_size, b);
     for (int h = 0; h < l.num_kv_heads; ++h) {
@@ -318,27 +343,31 @@ void decode_attention_ref(const PagedLayout& l, const uint8_t* k_pool, const uin
       const int n_sink_fmt = format_info(l.format).sink_tokens;
       const bool has_sinks = n_sink_fmt > 0 && sinks && sinks->rows && sinks->rows[b] >= 0 &&
                              sinks->rows[b] < sinks->num_rows;
-      for (int64_t i = 0; i < n; ++i) {
-        if (has_sinks && i < n_sink_fmt) {  // attention sink: stored exactly
-          const int64_t at = ((int64_t{sinks->rows[b]} * n_sink_fmt + i) * l.num_kv_heads + h) * D;
-          for (int d = 0; d < D; ++d) {
-            K[i * D + d] = bf16_to_f32(sinks->k[at + d]);
-            V[i * D + d] = bf16_to_f32(sinks->v[at + d]);
+      constexpr int64_t kChunk = 256;
+      parallel_items((n + kChunk - 1) / kChunk, threads, [&](int64_t c) {
+        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+          if (has_sinks && i < n_sink_fmt) {  // attention sink: stored exactly
+            const int64_t at = ((int64_t{sinks->rows[b]} * n_sink_fmt + i) * l.num_kv_heads + h) * D;
+            for (int d = 0; d < D; ++d) {
+              K[i * D + d] = bf16_to_f32(sinks->k[at + d]);
+              V[i * D + d] = bf16_to_f32(sinks->v[at + d]);
+            }
+            continue;
           }
-          continue;
+          int64_t page = page_of(t, b, i / l.page_size);
+          dequant_token_ref(l, k_pool, page, h, static_cast<int>(i % l.page_size), false, params, &K[i * D]);
+          dequant_token_ref(l, v_pool, page, h, static_cast<int>(i % l.page_size), true, params, &V[i * D]);
         }
-        int64_t page = page_of(t, b, i / l.page_size);
-        dequant_token_ref(l, k_pool, page, h, static_cast<int>(i % l.page_size), false, params, &K[i * D]);
-        dequant_token_ref(l, v_pool, page, h, static_cast<int>(i % l.page_size), true, params, &V[i * D]);
-      }
-      for (int g = 0; g < G; ++g) {
+      });
+      parallel_items(G, threads, [&](int64_t gi) {
+        const int g = static_cast<int>(gi);
         const int qh = h * G + g;
         const uint16_t* qv = q + (int64_t{b} * num_qo_heads + qh) * D;
         double* o = out + (int64_t{b} * num_qo_heads + qh) * D;
         if (n == 0) {
           for (int d = 0; d < D; ++d) o[d] = 0;
           if (lse) lse[int64_t{b} * num_qo_heads + qh] = -std::numeric_limits<double>::infinity();
-          continue;
+          return;
         }
         if (!fp32) {
           std::vector<double> s(n);
@@ -376,7 +405,7 @@ void decode_attention_ref(const PagedLayout& l, const uint8_t* k_pool, const uin
           }
           if (lse) lse[int64_t{b} * num_qo_heads + qh] = m + std::log(sum);
         }
-      }
+      });
     }
   }
 }

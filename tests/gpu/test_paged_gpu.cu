@@ -8,6 +8,7 @@
 #include "cuda/decode_internal.cuh"
 #include "gpu_test_util.cuh"
 #include "kvpack/error.h"
+#include "kvpack/parallel.h"
 
 namespace kvpack::test {
 namespace {
@@ -381,22 +382,31 @@ Errors compare(const PagedBatch& pb, const std::vector<uint16_t>& q, int qo_head
     // element; src/cuda/decode_lean.cuh), where the plain implementation keeps fp32: a score moves by at most
     // 2^-11 sum_d |q_d k_d| sm, and the LSE by at most the largest such move. The bound is computed in the model's
     // basis on the dequantised keys (the rounding happens in the calibrated basis, of the same scale).
+    // On all threads, in chunks of 256 tokens of one sequence (a max: the same whatever the order).
     const int H = pb.layout.num_kv_heads, group = qo_heads / H, P = pb.layout.page_size;
-    std::vector<float> kd(D);
+    constexpr int64_t kChunk = 256;
+    std::vector<std::pair<int, int64_t>> chunks;  // (sequence, first token)
     for (int b = 0; b < batch; ++b)
-      for (int64_t t = 0; t < pb.lens[b]; ++t) {
+      for (int64_t t = 0; t < pb.lens[b]; t += kChunk) chunks.emplace_back(b, t);
+    std::vector<double> chunk_max(chunks.size(), 0.0);
+    const FormatParams params = pb.host_params();
+    parallel_items(static_cast<int64_t>(chunks.size()), hardware_threads(), [&](int64_t c) {
+      const auto [b, t0] = chunks[size_t(c)];
+      std::vector<float> kd(D);
+      for (int64_t t = t0; t < std::min(pb.lens[b], t0 + kChunk); ++t) {
         const int64_t page = pb.indices[pb.indptr[b] + t / P];
         for (int h = 0; h < H; ++h) {
-          dequant_token_ref(pb.layout, pb.k_pool.data(), page, h, static_cast<int>(t % P), false, pb.host_params(),
-                            kd.data());
+          dequant_token_ref(pb.layout, pb.k_pool.data(), page, h, static_cast<int>(t % P), false, params, kd.data());
           for (int j = 0; j < group; ++j) {
             const uint16_t* qr = q.data() + (size_t(b) * qo_heads + h * group + j) * D;
             double s1 = 0;
             for (int d = 0; d < D; ++d) s1 += std::abs(double(bf16_to_f32(qr[d])) * kd[d]);
-            e.lse_operand = std::max(e.lse_operand, std::ldexp(s1 * sm, -11));
+            chunk_max[size_t(c)] = std::max(chunk_max[size_t(c)], std::ldexp(s1 * sm, -11));
           }
         }
       }
+    });
+    for (double m : chunk_max) e.lse_operand = std::max(e.lse_operand, m);
   }
   return e;
 }
