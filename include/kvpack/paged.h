@@ -119,7 +119,8 @@ QHostParams synthetic_q_params(Format f, bool is_v, int num_heads, int head_dim,
 
 // ---- CPU reference of the paged cache (host memory): the oracle for the CUDA kernels.
 // Encodes tokens into their slots exactly as write_kv() must (byte for byte). k, v: [num_tokens][num_kv_heads]
-// [head_dim] bf16; slots[num_tokens] (< 0 skipped). Throws kvpack::Error on a slot outside [0, num_pages*page_size).
+// [head_dim] bf16; slots[num_tokens] (< 0 skipped). Throws kvpack::Error on a slot outside [0, num_pages*page_size),
+// before anything is written. Runs on all hardware threads; a repeated slot keeps the order (the last write wins).
 void paged_write_ref(const PagedLayout& layout, uint8_t* k_pool, uint8_t* v_pool, int64_t num_pages, const uint16_t* k,
                      const uint16_t* v, const int32_t* slots, int num_tokens, const FormatParams& params);
 // Decodes one stored token vector (page, kv head, offset in page) to fp32: out[head_dim], in the model's basis, or
@@ -130,6 +131,7 @@ void dequant_token_ref(const PagedLayout& layout, const uint8_t* pool, int64_t p
 // q: [batch][num_qo_heads][head_dim] bf16; out: [batch][num_qo_heads][head_dim]; lse: [batch][num_qo_heads] (ln).
 // precision_fp32 = true computes the same thing in plain fp32 (the "same-precision" yardstick of the tests).
 // sinks (host pointers, may be null): formats with sink tokens read positions < sink_tokens from the sink pool.
+// Runs on all hardware threads, with the same values for any thread count.
 void decode_attention_ref(const PagedLayout& layout, const uint8_t* k_pool, const uint8_t* v_pool,
                           const PageTableView& table, const uint16_t* q, int num_qo_heads, double sm_scale,
                           const FormatParams& params, double* out, double* lse, bool precision_fp32 = false,
