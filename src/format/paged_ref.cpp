@@ -246,16 +246,16 @@ void paged_write_ref(const PagedLayout& l, uint8_t* k_pool, uint8_t* v_pool, int
   // nibble bytes of the unit, block/q_lanes.h), so tokens in distinct slots are encoded on all threads with the
   // sequential loop's bytes. A repeated slot (the last write wins) keeps the order: one thread.
   constexpr int kChunk = 64;
-  bool repeated = num_tokens <= kChunk;
-  if (!repeated) {
+  bool in_order = num_tokens <= kChunk;  // one chunk, or a repeated slot
+  if (!in_order) {
     std::vector<int32_t> used;
     used.reserve(size_t(num_tokens));
     for (int i = 0; i < num_tokens; ++i)
       if (slots[i] >= 0) used.push_back(slots[i]);
     std::sort(used.begin(), used.end());
-    repeated = std::adjacent_find(used.begin(), used.end()) != used.end();
+    in_order = std::adjacent_find(used.begin(), used.end()) != used.end();
   }
-  if (repeated) {
+  if (in_order) {
     for (int i = 0; i < num_tokens; ++i) write_token(i);
     return;
   }
