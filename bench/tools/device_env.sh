@@ -99,6 +99,16 @@ bench_ab() {
     python3 bench/tools/ab_summary.py "$dir" "$OUT/ab_$(basename "$dir").json" > "$OUT/ab_$(basename "$dir").txt"
   done
 }
+# ncu_one FILE KERNEL_REGEX "BENCH CELL ARGS" [NCU_ARGS ...]: ncu (clocks not locked) of the 4th launch matching
+# KERNEL_REGEX in `kvpack bench CELL --iters 5 --eager` (eager: ncu does not see a replayed graph's kernels), its
+# report appended to FILE. One run per call, so that an unknown metric name costs only that run.
+ncu_one() {
+  local f=$1 kern=$2 cell=$3 ncu
+  shift 3
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 45 $ncu --kernel-name regex:$kern --launch-skip 3 --launch-count 1 --clock-control none "$@" \
+    ./build-device/kvpack bench $cell --iters 5 --eager 2>&1 | grep -vE "^==PROF==|^\s*$" >> "$f"
+}
 # ab_bench VARIANT ROUND [VAR=VALUE ...]: build-device's `kvpack bench $GRID` with those environment variables (the
 # lean path's measurement switches) into $W/ab_VARIANT_ROUND.json, the file names bench/tools/ab_summary.py reads.
 ab_bench() {

@@ -10,21 +10,12 @@ build_device kvpack_cli kvpack_gpu_tests
 T=./build-device/kvpack_gpu_tests
 gpu_tests tests 300 '*'
 cp "$W/tests.log" "$OUT/tests.log"
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-# ncu_lean FILE ARGS...: one ncu run of the launch at 8q/1kv 64 x 128k appended to FILE (two runs per setting, so that
-# an unknown metric name costs only its own half).
-ncu_lean() {
-  local f=$1
-  shift
-  timeout 45 $NCU --kernel-name regex:lean_kernel --launch-skip 3 --launch-count 1 --clock-control none "$@" \
-    ./build-device/kvpack bench --formats fp8 --shapes 8/1/128 --batch 64 --context 128k --iters 5 --eager 2>&1 \
-    | grep -vE "^==PROF==|^\s*$" >> "$f"
-}
+CELL="--formats fp8 --shapes 8/1/128 --batch 64 --context 128k"
 for kr in 0 1; do
   [ "$(left)" -gt 60 ] || break
   export KVPACK_LEAN_KROWS=$kr
-  ncu_lean "$OUT/ncu_krows$kr.txt" --section MemoryWorkloadAnalysis_Tables --print-details all
-  ncu_lean "$OUT/ncu_krows$kr.txt" --metrics lts__t_requests_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,gpu__time_duration.sum
+  ncu_one "$OUT/ncu_krows$kr.txt" lean_kernel "$CELL" --section MemoryWorkloadAnalysis_Tables --print-details all
+  ncu_one "$OUT/ncu_krows$kr.txt" lean_kernel "$CELL" --metrics lts__t_requests_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,gpu__time_duration.sum
   unset KVPACK_LEAN_KROWS
   stamp "ncu krows=$kr"
 done
