@@ -106,6 +106,17 @@ static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY
 #ifndef KVPACK_LEAN_FP8_ST
 #define KVPACK_LEAN_FP8_ST 2
 #endif
+// v73: who copies fp8's V pieces (the kernel argument `rows`, bits 1-2; bit 0 is KVPACK_LEAN_KROWS). Reader lane
+// (g, q) needs bytes [16 g, +16) of tokens 2q, 2q + 1, 8 + 2q, 9 + 2q of each unit. 0 (before v73): every lane copies
+// its own pieces, so the 4 lanes of a quad read 4 different rows, 16 bytes of a 32-byte sector each: v72's ncu found
+// 1.5x the data's sectors in L1's global loads (V at 2x: KROWS, which changes K only, left it unchanged); 1: copy k of
+// lane l is row 4k + l / 8, 16-byte column l % 8 (whole 128-byte rows, 4-way shared-store conflicts); 2: lane pairs
+// copy whole 32-byte sectors, the 8 lanes of a phase one sector of each of 4 rows (q = 0..3), whose readers' slots
+// fall in 8 distinct bank groups. Either way lanes read each other's copies (two __syncwarp per step, as KROWS).
+// Only where copies land and who issues them changes: the same bits.
+#ifndef KVPACK_LEAN_VROWS
+#define KVPACK_LEAN_VROWS 0
+#endif
 // v67 (measurement): fp8 on the lean kernel with the q formats' lazy leaf max and its vote (v57, v57b; a new
 // numerical definition for lean fp8, math-equal to the old one: p = 2^(s - m) <= 2^LAZY, and p x |v| <= 2^LAZY x 448
 // fits f16), the scores' masks only on steps that hold masked tokens (v58; same bits), and the scores' two HMMA chains
@@ -253,7 +264,7 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // ring's stages cut where 4 would not fit: LeanGeo). Same arithmetic in the same order: same bits.
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
 __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 : B2 == 0 ? KVPACK_LEAN_FP8_MINB : KVPACK_LEAN_GEN_MINB)
-    lean_kernel(const DecodeKernelParams p, int splits, int krows, int mix) {
+    lean_kernel(const DecodeKernelParams p, int splits, int rows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
   if constexpr (B2 == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); the q formats on sm_80 too
@@ -388,9 +399,28 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
   const int len32 = static_cast<int>(len);
   // KVPACK_LEAN_KROWS: this lane's K copy k of a unit lands in reader lane (4 (k % 2) + lane / 8) * 4 + col % 4,
   // piece 2 (k / 2) + col / 4 (col = lane % 8): the lane-dependent part of that slot address, relative to `ring`.
+  const bool krows = (rows & 1) != 0;
+  const int vrows = (rows >> 1) & 3;
   const int krows_col = lane % 8;
   const uint32_t krows_dst =
       uint32_t(((krows_col / 4) * 32 + (lane / 8) * 4 + krows_col % 4) * 16) - uint32_t(lane * 16);
+  // KVPACK_LEAN_VROWS: V copy k (0..3) of this lane is row vr[k] of the unit, 16-byte column vc; its reader is lane
+  // 4 vc + (vr % 8) / 2, piece 4 + (vr & 1) + 2 (vr / 8) of the unit (relative to the stage's first byte: vdst[k]).
+  int vr[4], vc = 0;
+  uint32_t vdst[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (vrows == 2) {  // phase ph = lane / 8, pair i = (lane / 2) % 4 -> row 2 i + (ph & 1) + 8 (k / 2), sector (ph / 2) + 2 (k % 2)
+      const int ph = lane / 8, i = (lane / 2) % 4;
+      vr[k] = 2 * i + (ph & 1) + 8 * (k / 2);
+      vc = 2 * ((ph / 2) + 2 * (k % 2)) + lane % 2;
+    } else {
+      vr[k] = 4 * k + lane / 8;
+      vc = lane % 8;
+    }
+    const int reader = 4 * vc + (vr[k] % 8) / 2, piece = 4 + (vr[k] & 1) + 2 * (vr[k] / 8);
+    vdst[k] = uint32_t((piece * 32 + reader) * 16);
+  }
   // v42: lane j holds the K address of unit j (16 tokens) of the chunk being issued, page checked, computed once per
   // chunk (a chunk is 32 units); a step's two units come from two lanes by shuffle. (Before, every step redid the
   // page lookup, the page check and the 64-bit address arithmetic of both units: ~200 of a q3 step's ~800
@@ -456,6 +486,12 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
             lean_cp16_full(su + 2 * 32 * 16, kl + 8 * D);
             lean_cp16_full(su + 3 * 32 * 16, kl + 8 * D + 64);
           }
+          if (vrows) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              lean_cp16_full(su - lane * 16 + vdst[k], vb + vr[k] * D + 16 * vc);
+            continue;
+          }
           const uint8_t* vl = vb + 2 * q * D + 16 * g;
           lean_cp16_full(su + 4 * 32 * 16, vl);
           lean_cp16_full(su + 5 * 32 * 16, vl + D);
@@ -480,6 +516,12 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
           lean_cp16(st + ((u * 8 + 2 * j) * 32) * 16, kb + (g + 8 * j) * D + 16 * q, ok);
           lean_cp16(st + ((u * 8 + 2 * j + 1) * 32) * 16, kb + (g + 8 * j) * D + 64 + 16 * q, ok);
         }
+        }
+        if (vrows) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            lean_cp16(st - lane * 16 + u * 8 * 32 * 16 + vdst[k], vb + vr[k] * D + 16 * vc, vr[k] < rem);
+          continue;
         }
         // V: tokens 2q, 2q + 1, 8 + 2q, 9 + 2q; bytes [16g, +16).
 #pragma unroll
@@ -686,9 +728,9 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
   for (;;) {
     const int t0 = cc * kChunkTokens + cs * kLeanStepTok;
     if (cc >= n_chunks || t0 >= len32) break;
-    // Lanes that read each other's copies (q3, q3.5; fp8 with KVPACK_LEAN_KROWS): every lane has read the slot the next
-    // copies refill, and (after the wait) the other lanes' copies have landed.
-    const bool shared_slots = Geo::kWordMajor || krows;
+    // Lanes that read each other's copies (q3, q3.5; fp8 with KVPACK_LEAN_KROWS or KVPACK_LEAN_VROWS): every lane has
+    // read the slot the next copies refill, and (after the wait) the other lanes' copies have landed.
+    const bool shared_slots = Geo::kWordMajor || rows != 0;
     if (shared_slots) __syncwarp();
     issue();
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kLeanStages - 1));
@@ -1561,7 +1603,9 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
     grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
                 1);
-  static const int krows = env_int("KVPACK_LEAN_KROWS", 0);
+  // The copy layout (fp8): bit 0 K by rows, bits 1-2 V's (KVPACK_LEAN_VROWS above; the variables for measurement).
+  static const int rows = (env_int("KVPACK_LEAN_KROWS", 0) != 0 ? 1 : 0) |
+                          ((env_int("KVPACK_LEAN_VROWS", KVPACK_LEAN_VROWS) & 3) << 1);
   // KVPACK_LEAN_ONLY (measurement only: the output is then wrong): a mask of the kernels launched, 1 = the query
   // preparation, 2 = the lean kernel, 4 = the merge, to time each alone (bench/NOTES.md v44).
   static const int only = env_int("KVPACK_LEAN_ONLY", 7);
@@ -1598,7 +1642,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
     occ = lean_prepare<D, B2, J>();
     if (only & 2)
       lean_launch(lean_kernel<D, B2, J>, grid, kLeanWarps * 32, LeanGeo<D, B2, J>::kSmem, stream, pdl && B2 != 0, kp,
-                  splits, krows, mix);
+                  splits, rows, mix);
   };
   if constexpr (B2 != 0) {
     if (inst == LeanInst::kLeafOnly) go.template operator()<LeanInst::kLeafOnly>();
