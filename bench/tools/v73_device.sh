@@ -6,7 +6,7 @@
 #   1. fp8's decode tests with VROWS=1 and =2 (KVPACK_TEST_FORMATS=fp8): tests_vrows1.log, tests_vrows2.log;
 #   2. ncu sector counts of the launch at 8q/1kv 64 x 128k, VROWS 0 / 1 / 2: ncu_vrows{0,1,2}.txt;
 #   3. the A/B in one binary, fp8 8q/1kv batch 1-64 x 32k and 128k, 3 rounds (order alternating): ab_vrows.json/.txt.
-#   LIMIT_S=420 bash bench/tools/v73_device.sh
+#   LIMIT_S=480 bash bench/tools/v73_device.sh   (carry [".whl"] for step 4)
 source "$(dirname "$0")/device_env.sh" /tmp/v73_out /tmp/v73_work 420
 build_device kvpack_cli kvpack_gpu_tests
 T=./build-device/kvpack_gpu_tests
@@ -33,9 +33,35 @@ for r in 1 2 3; do
   stamp "A/B round $r"
   python3 bench/tools/ab_summary.py "$W" "$OUT/ab_vrows.json" > "$OUT/ab_vrows.txt"
 done
+# 4. (carry [".whl"]) How XQA reaches ~3.0 TB/s at 32q/8kv batch 32 x 128k on the H100 (98% of the streaming probe;
+#    2.67 at batch 64; our kernels stop at 85-87%): ncu's L2 / fabric / DRAM counts and launch geometry of its kernel
+#    at batch 32 and 64, next to kvpack q4 and fp8 at batch 32: ncu_xqa.txt.
+XM=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_ltcfabric.sum,lts__t_sectors.avg.pct_of_peak_sustained_elapsed,lts__t_tag_requests.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum
+FI_TAR=$(ls .whl/flashinfer-*.tar.xz 2>/dev/null | head -1)
+if [ -n "$FI_TAR" ] && [ "$(left)" -gt 90 ]; then
+  mkdir -p /tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  tar -xJf "$FI_TAR" -C /tmp/site
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for b in 32 64; do
+    [ "$(left)" -gt 60 ] || break
+    echo "== xqa 32q/8kv b=$b 128k" >> "$OUT/ncu_xqa.txt"
+    PYTHONPATH=/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/fiws timeout 60 $ncu --kernel-name regex:'kernel_mha|xqa|mha' \
+      --launch-skip 2 --launch-count 1 --clock-control none --metrics $XM python3 bench/flashinfer/fi_bench.py \
+      --impls xqa --shapes 32/8/128 --batch $b --context 131072 --iters 2 --no-graph --no-check --no-probe \
+      --out "$W/xqa_$b.json" 2>&1 | grep -vE "^==PROF==|^\s*$" | tail -30 >> "$OUT/ncu_xqa.txt"
+  done
+  for f in q4 fp8; do
+    [ "$(left)" -gt 30 ] || break
+    echo "== kvpack $f 32q/8kv b=32 128k" >> "$OUT/ncu_xqa.txt"
+    ncu_one "$OUT/ncu_xqa.txt" 'lean_kernel|decode_kernel' "--formats $f --shapes 32/8/128 --batch 32 --context 128k" --metrics $XM
+  done
+  stamp "ncu xqa"
+fi
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
   for v in 1 2; do echo "== tests (fp8, VROWS=$v)"; test_outcomes "$W/tests_vrows$v.log"; done
   for v in 0 1 2; do echo "== ncu VROWS=$v"; grep -E "l1tex__|lts__|duration" "$OUT/ncu_vrows$v.txt" 2>/dev/null; done
-  echo "== A/B VROWS"; cat "$OUT/ab_vrows.txt"; } > "$OUT/log.txt"
+  echo "== A/B VROWS"; cat "$OUT/ab_vrows.txt"
+  echo "== ncu xqa"; grep -E "==|duration|dram__|lts__|launch__|warps_active|l1tex" "$OUT/ncu_xqa.txt" 2>/dev/null; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
 stamp "done"
