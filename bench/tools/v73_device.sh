@@ -58,10 +58,19 @@ if [ -n "$FI_TAR" ] && [ "$(left)" -gt 90 ]; then
   done
   stamp "ncu xqa"
 fi
+# 5. Where q4's time goes at large cells (the partials' traffic, v48's open lead): each kernel alone
+#    (KVPACK_LEAN_ONLY: 2 = the lean kernel, 6 = + the merge, 7 = all), q4 8q/1kv and 32q/8kv: parts_q4.txt.
+for only in 2 6 7; do
+  [ "$(left)" -gt 25 ] || break
+  KVPACK_LEAN_ONLY=$only ./build-device/kvpack bench --formats q4 --shapes 8/1/128,32/8/128 --batch 8,32,64 \
+    --context 32768,131072 --iters 20 2>&1 | grep -E "^q4 .*us" | sed "s/^/only=$only /" >> "$OUT/parts_q4.txt"
+done
+stamp "parts"
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
   for v in 1 2; do echo "== tests (fp8, VROWS=$v)"; test_outcomes "$W/tests_vrows$v.log"; done
   for v in 0 1 2; do echo "== ncu VROWS=$v"; grep -E "l1tex__|lts__|duration" "$OUT/ncu_vrows$v.txt" 2>/dev/null; done
   echo "== A/B VROWS"; cat "$OUT/ab_vrows.txt"
+  echo "== parts q4"; cat "$OUT/parts_q4.txt" 2>/dev/null
   echo "== ncu xqa"; grep -E "==|duration|dram__|lts__|launch__|warps_active|l1tex" "$OUT/ncu_xqa.txt" 2>/dev/null; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
 stamp "done"
