@@ -65,6 +65,13 @@ for only in 2 6 7; do
   KVPACK_LEAN_ONLY=$only ./build-device/kvpack bench --formats q4 --shapes 8/1/128,32/8/128 --batch 8,32,64 \
     --context 32768,131072 --iters 20 2>&1 | grep -E "^q4 .*us" | sed "s/^/only=$only /" >> "$OUT/parts_q4.txt"
 done
+# ... and the split counts a warp-folds-whole-groups mode would run (16 warps per (sequence, kv head) at 128k: one
+# fold group of 16 chunks each; here still one partial per chunk), against the plan's (one warp per chunk).
+for sp in 16 32 64; do
+  [ "$(left)" -gt 20 ] || break
+  ./build-device/kvpack bench --formats q4 --shapes 8/1/128,32/8/128 --batch 32,64 --context 131072 --iters 20 \
+    --splits $sp --leaf 0 2>&1 | grep -E "^q4 .*us" | sed "s/^/splits=$sp /" >> "$OUT/parts_q4.txt"
+done
 stamp "parts"
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
   for v in 1 2; do echo "== tests (fp8, VROWS=$v)"; test_outcomes "$W/tests_vrows$v.log"; done
