@@ -49,11 +49,14 @@ void lean_force_general_instance(bool on);
 // Tests: run warp-mode grids (without the mixed part) on the warp-only instance wherever it has more CTAs per SM than
 // the general one (true), not only where the launcher's rule takes it (false), for later q-format launches.
 void lean_force_warp_only_instance(bool on);
+// Tests: the lean kernel's group-folding instance (LeanInst::kGroup, q formats at head_dim 128) for later warp-mode
+// launches without the mixed grid: 1 on, -1 off, 0 the launcher's rule (KVPACK_LEAN_GROUP_FOLD).
+void lean_force_group_fold(int mode);
 // What the lean launcher chose at this thread's last lean-path launch (q4 / q3.5 / q3; fp8 at one kv head), for kvpack bench's
 // rows: leaf mode (1) or warp mode (0); warps per (sequence, kv head) in warp mode; the mixed grid's warp-mode chunks
 // per (sequence, kv head) (0 = not mixed); the query preparation's CTAs per (sequence, kv head) (0 = none: fp8); the
 // merge's slices; the lean kernel instance's resident CTAs per SM (the leaf-only and warp-only instances: 4 where
-// they fit) and which instance ran (0 general, 1 leaf-only, 2 warp-only: LeanInst); `launches` counts this thread's
+// they fit) and which instance ran (0 general, 1 leaf-only, 2 warp-only, 3 group-folding: LeanInst); `launches` counts this thread's
 // lean launches. All zero before any lean launch.
 struct LeanLaunchInfo {
   int leaf = 0, splits = 0, mix = 0, prep_ctas = 0, merge_slices = 0, ctas_per_sm = 0, instance = 0;

@@ -102,6 +102,9 @@ struct DecodeKernelParams {
   int32_t* status;
   int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks, max_groups;
   int leaf;  // DecodePlan::leaf (the lean kernel's mode; -1: the launcher's rule)
+  // The lean launcher's (decode_lean.cuh, LeanInst::kGroup): 1 when the lean kernel's warps folded whole fold groups
+  // and stored one partial per group (in its first chunk slot), which lean_merge_kernel then takes as the group's.
+  int lean_group_fold;
   // decode_step (q formats, sm_90): the query preparation was launched with PDL behind the step's write kernel. It
   // then prepares the query while the write runs, waits for the write's grid (griddepcontrol.wait) and only then lets
   // the lean kernel start its copies (the new token's page among them). 0: run_decode's order (write, if any, done).

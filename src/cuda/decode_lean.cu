@@ -73,6 +73,7 @@ void lean_force_merge_slices(int slices) { cuda_detail::g_force_merge_slices.sto
 void lean_force_mix(int mix) { cuda_detail::g_force_mix.store(mix); }
 void lean_force_general_instance(bool on) { cuda_detail::g_force_general.store(on); }
 void lean_force_warp_only_instance(bool on) { cuda_detail::g_force_warp_only.store(on); }
+void lean_force_group_fold(int mode) { cuda_detail::g_force_group_fold.store(mode); }
 LeanLaunchInfo lean_last_launch() { return cuda_detail::g_last_lean; }
 
 int lean_env_rule() {

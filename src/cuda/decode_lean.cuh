@@ -56,9 +56,16 @@ static_assert(kLeafSteps * kLeanWarps == kChunkSteps && kLeafSteps == 4, "a chun
 // - kWarpOnly (v52): warp mode's grids without the mixed part. The chunk accumulator (O, m, l, L_tau per lane) lives
 //   in shared memory, read and written once per 128-token leaf, so the loop carries only the leaf's registers and 4
 //   CTAs fit an SM; the ring is cut to the stages that leave room for that (q4, q3.5, q3 at head_dim 128: 2).
+// - kGroup (v74, q formats at head_dim 128): warp mode where each warp owns whole fold groups (kFoldChunks consecutive
+//   chunks: groups split, split + splits, ...). At each chunk's end the warp folds the chunk's partial into a group
+//   accumulator in shared memory with the merge's own first-level arithmetic (lean_fold_weights, the same fmaf / mul
+//   in the same order) instead of storing it, and stores one partial per group, in the group's first chunk slot; the
+//   merge (DecodeKernelParams::lean_group_fold) then skips that level. The partials' traffic and the merge's reads
+//   drop 16x (6% of q4's bytes at 8q/1kv, written and read once). Registers as the general instance; the ring cut to
+//   the stages that keep 3 CTAs per SM beside the group accumulators.
 // The stage count changes when copies are issued, and the accumulator's home is a register or a shared-memory word:
 // never the arithmetic, so every instance gives the same bits.
-enum class LeanInst : int { kGeneral, kLeafOnly, kWarpOnly };
+enum class LeanInst : int { kGeneral, kLeafOnly, kWarpOnly, kGroup };
 // The general instance's CTAs per SM for the q formats (__launch_bounds__' minimum): 3 (168 registers at head_dim 128).
 // A build with -DKVPACK_LEAN_GEN_MINB=4 (measurement, v55) caps it at 128 registers, part of the chunk accumulator
 // spilled to local memory, and gives it the ring depth that fits 4 CTAs per SM (as the leaf-only instance: q3.5 3).
@@ -138,15 +145,23 @@ struct LeanGeo {
   static constexpr int kAccVec = D / 16 + 2;
   static constexpr size_t kAccBytes = I == LeanInst::kWarpOnly ? size_t(kAccVec) * 32 * 16 : 0;
   static constexpr size_t kTauBytes = kQ ? 256 * sizeof(float) : 0;
+  // kGroup: a warp's group accumulator, [kGroupVals][lane] floats: O of heads 2q, 2q + 1 (4 (D / 16) values, the
+  // merge's channel order per lane as store_chunk writes them), then (m0, m1, l0, l1).
+  static constexpr int kGroupVals = 4 * (D / 16) + 4;
+  static constexpr size_t kGroupBytes = I == LeanInst::kGroup ? size_t(kGroupVals) * 32 * sizeof(float) : 0;
+  static constexpr int kThreeCtaStages =
+      static_cast<int>((228 * 1024 / 3 - 1024 - kTauBytes - kLeanWarps * kGroupBytes) / (kStageBytes * kLeanWarps));
   static constexpr int kFourCtaStages =
       static_cast<int>((228 * 1024 / 4 - 1024 - kTauBytes - kLeanWarps * kAccBytes) / (kStageBytes * kLeanWarps));
-  static constexpr int kStages = (I != LeanInst::kGeneral || (kQ && kLeanGenFour)) && kFourCtaStages >= 2 &&
+  static constexpr int kStages = I == LeanInst::kGroup ? (kThreeCtaStages < kFormatStages ? kThreeCtaStages : kFormatStages)
+                                 : (I != LeanInst::kGeneral || (kQ && kLeanGenFour)) && kFourCtaStages >= 2 &&
                                          kFourCtaStages < kFormatStages
                                      ? kFourCtaStages
                                      : kFormatStages;
   static constexpr size_t kRingBytes = size_t(kStages) * kStageBytes * kLeanWarps;
   static constexpr size_t kAccOffset = kRingBytes + kTauBytes;  // 16-byte aligned: stages are whole 16-byte copies
-  static constexpr size_t kSmem = kAccOffset + kLeanWarps * kAccBytes;
+  static constexpr size_t kGroupOffset = kAccOffset + kLeanWarps * kAccBytes;  // 16-byte aligned
+  static constexpr size_t kSmem = kGroupOffset + kLeanWarps * kGroupBytes;
   static_assert(kUnitBytes % 16 == 0, "a unit is whole 16-byte copies");
   static_assert(kWordMajor || kStageBytes % (32 * 16) == 0, "fp8, q4: a step is whole 16-byte copies of every lane");
   static_assert(size_t(kLeafVals) * 32 * 4 <= size_t(kStages) * kStageBytes, "a leaf fits a warp's ring");
@@ -159,6 +174,19 @@ static_assert(LeanGeo<128, 8, LeanInst::kWarpOnly>::kStages == 2 && LeanGeo<128,
                   LeanGeo<128, 8, LeanInst::kWarpOnly>::kSmem + 1024 <= 228 * 1024 / 4,
               "warp-only at head_dim 128: a 2-stage ring and the accumulators, 4 CTAs per SM");
 
+// One step of the fold acc = merge(acc, chunk j) (lean_merge_kernel's first and second level, kGroup's chunk fold): the weights of the accumulator (sa) and of the chunk (sc) at the
+// new running max, which is returned.
+__device__ __forceinline__ float lean_fold_weights(float m, float mj, float& sa, float& sc) {
+  const float mn = fmaxf(m, mj);
+  const float mr = mn == -INFINITY ? 0.f : mn;
+  sa = exp2f(m - mr);
+  sc = exp2f(mj - mr);
+  return mn;
+}
+__device__ __forceinline__ void lean_merge_step(float& m, float& l, float mj, float lj, float& sa, float& sc) {
+  m = lean_fold_weights(m, mj, sa, sc);
+  l = fmaf(l, sa, __fmul_rn(lj, sc));
+}
 __device__ __forceinline__ uint32_t lean_trans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -263,14 +291,17 @@ __device__ __forceinline__ void lean_q_rows(uint32_t un, int lane, uint32_t (&r0
 // accumulator in shared memory): 108-128 registers instead of 133-168 (sm_90a), so 4 CTAs per SM instead of 3 (the
 // ring's stages cut where 4 would not fit: LeanGeo). Same arithmetic in the same order: same bits.
 template <int D, int B2, LeanInst I = LeanInst::kGeneral>
-__global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 : B2 == 0 ? KVPACK_LEAN_FP8_MINB : KVPACK_LEAN_GEN_MINB)
+__global__ void __launch_bounds__(kLeanWarps * 32, I == LeanInst::kLeafOnly || I == LeanInst::kWarpOnly ? 4
+                                                   : B2 == 0                                            ? KVPACK_LEAN_FP8_MINB
+                                                                                                        : KVPACK_LEAN_GEN_MINB)
     lean_kernel(const DecodeKernelParams p, int splits, int rows, int mix) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
   if constexpr (B2 == 0) return;  // fp8 runs here on sm_90 only (lean_fp8_applies); the q formats on sm_80 too
 #endif
   constexpr bool kLaneQ = B2 != 0;  // q4, q3.5 or q3 (the lane layout)
-  constexpr bool LO = I == LeanInst::kLeafOnly, kWO = I == LeanInst::kWarpOnly;
+  constexpr bool LO = I == LeanInst::kLeafOnly, kWO = I == LeanInst::kWarpOnly, kGF = I == LeanInst::kGroup;
+  static_assert(!kGF || B2 != 0, "kGroup: the q formats");
   using Geo = LeanGeo<D, B2, I>;
   using LK = block::QLanes<B2 ? B2 : 8, D, false>;
   using LV = block::QLanes<B2 ? B2 : 8, D, true>;
@@ -284,7 +315,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
   KVPACK_STAMP(stamps[0]);
   // Grid (ceil(H * splits / kLeanWarps), batch), or the mixed grid's (below): it depends on the plan only, never on
   // the lengths.
-  bool leaf_mode = LO || (!kWO && splits == 0);
+  bool leaf_mode = LO || (!kWO && !kGF && splits == 0);
 #if __CUDA_ARCH__ >= 900
   // The merge kernel (launched with PDL) may be scheduled once every CTA of this grid has started; it waits for this
   // grid's completion (griddepcontrol.wait) before reading a partial.
@@ -318,6 +349,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
     split = leaf_mode ? static_cast<int>(blockIdx.x / H) : local % splits;  // leaf mode: the chunk
     cstride = leaf_mode ? 0 : splits;
   }
+  // The warp's first chunk (kGroup: the first of its first fold group), and the chunk after c in its order.
+  const int c_first = kGF ? split * kFoldChunks : split;
 
   int64_t row;
   bool over;
@@ -376,7 +409,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
     float* tau_w = reinterpret_cast<float*>(smem + Geo::kRingBytes);
     for (int i = threadIdx.x; i < 256; i += kLeanWarps * 32) tau_w[i] = block::decode_scale_byte(static_cast<uint8_t>(i));
     __syncthreads();
-    if (split >= n_chunks) return;  // after every barrier of the CTA but leaf mode's (whose CTAs return whole)
+    if (c_first >= n_chunks) return;  // after every barrier of the CTA but leaf mode's (whose CTAs return whole)
     int64_t sink_row;
     bool bad_sink;  // reported by the merge
     n_sink = sink_count(p, b, len, sink_row, bad_sink);
@@ -427,7 +460,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
   // instructions, bench/NOTES.md v42.)
   int unit_chunk = -1;
   const uint8_t* unit_k = k_head;
-  int ic = split, is = s_begin;  // the next step to issue
+  auto next_chunk = [&](int c) {
+    if constexpr (kGF) return (c + 1) % kFoldChunks != 0 ? c + 1 : c + 1 + kFoldChunks * (cstride - 1);
+    return c + cstride;
+  };
+  int ic = c_first, is = s_begin;  // the next step to issue
   int slot_i = 0;                // its ring slot
   auto issue = [&] {
     const int t0 = ic * kChunkTokens + is * kLeanStepTok;
@@ -534,7 +571,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
     asm volatile("cp.async.commit_group;\n" ::);
     if (++is == s_end) {
       is = s_begin;
-      ic += cstride;
+      ic = next_chunk(ic);
     }
     if (++slot_i == kLeanStages) slot_i = 0;
   };
@@ -616,7 +653,21 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
     acc_scalars_save();
   };
   const int64_t ws_base = (int64_t{b} * H + h) * p.max_chunks;
-  // The chunk's partial: l summed over the 8 row lanes (fixed xor order), then (m, l) and the accumulators.
+  // kGroup: this lane's column of the warp's group accumulator (LeanGeo::kGroupBytes): value i at gacc[32 i]; O's
+  // values i = 4 mb + 2 e + (head 2q + 1), then kGO + (m0, m1, l0, l1).
+  constexpr int kGO = 4 * kKB;
+  float* const gacc =
+      kGF ? reinterpret_cast<float*>(smem + Geo::kGroupOffset) + warp * Geo::kGroupVals * 32 + lane : nullptr;
+  auto reset_group = [&] {
+    if constexpr (kGF) {
+#pragma unroll
+      for (int i = 0; i < kGO; ++i) gacc[32 * i] = 0.f;
+      gacc[32 * kGO] = gacc[32 * (kGO + 1)] = -INFINITY;
+      gacc[32 * (kGO + 2)] = gacc[32 * (kGO + 3)] = 0.f;
+    }
+  };
+  // The chunk's partial: l summed over the 8 row lanes (fixed xor order), then (m, l) and the accumulators (kGroup:
+  // folded into the group's accumulator, which is stored at the group's last chunk).
   auto store_chunk = [&](int64_t c) {
     acc_scalars_load();
 #pragma unroll
@@ -628,10 +679,50 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
         ct1 += __shfl_xor_sync(0xffffffffu, ct1, x);
       }
     }
+    const int h0 = 2 * q, h1 = 2 * q + 1;
+    if constexpr (kGF) {
+      // acc = merge(acc, chunk c), the merge's first level per value: weights at the new running max
+      // (lean_fold_weights), l and O by fmaf(acc, sa, chunk x sc); the chunk's values are exactly store_chunk's.
+      float sa0, sc0, sa1, sc1;
+      const float n0 = lean_fold_weights(gacc[32 * kGO], cm0, sa0, sc0);
+      const float n1 = lean_fold_weights(gacc[32 * (kGO + 1)], cm1, sa1, sc1);
+      gacc[32 * (kGO + 2)] = fmaf(gacc[32 * (kGO + 2)], sa0, __fmul_rn(cl0, sc0));
+      gacc[32 * (kGO + 3)] = fmaf(gacc[32 * (kGO + 3)], sa1, __fmul_rn(cl1, sc1));
+      gacc[32 * kGO] = n0;
+      gacc[32 * (kGO + 1)] = n1;
+#pragma unroll
+      for (int mb = 0; mb < kKB; ++mb) {
+        float cr[4];
+        acc_row(mb, cr);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int gi = 2 * mb + e, i0 = 4 * mb + 2 * e;
+          const float up = ldexpf(1.f, 24 - LV::group(gi).pos + (LV::shifted(gi) ? 6 : 0));
+          const float off = 0.5f * static_cast<float>((1 << LV::bits(gi)) - 1);
+          gacc[32 * i0] = fmaf(gacc[32 * i0], sa0, __fmul_rn(fmaf(cr[2 * e], up, -off * ct0), sc0));
+          gacc[32 * (i0 + 1)] = fmaf(gacc[32 * (i0 + 1)], sa1, __fmul_rn(fmaf(cr[2 * e + 1], up, -off * ct1), sc1));
+        }
+      }
+      if (c % kFoldChunks != kFoldChunks - 1 && c != n_chunks - 1) return;
+      const int64_t gslot = ws_base + (c - c % kFoldChunks);  // the group's first chunk slot
+      float2* gml = p.ws_ml + gslot * p.group;
+      float* gout = p.ws_acc + gslot * p.group * D;
+      if (g == 0) {
+        if (h0 < p.group) __stcg(gml + h0, make_float2(gacc[32 * kGO], gacc[32 * (kGO + 2)]));
+        if (h1 < p.group) __stcg(gml + h1, make_float2(gacc[32 * (kGO + 1)], gacc[32 * (kGO + 3)]));
+      }
+#pragma unroll
+      for (int gi = 0; gi < 2 * kKB; ++gi) {
+        const int ch = 8 * gi + g;
+        if (h0 < p.group) __stcg(gout + h0 * D + ch, gacc[32 * (2 * gi)]);
+        if (h1 < p.group) __stcg(gout + h1 * D + ch, gacc[32 * (2 * gi + 1)]);
+      }
+      reset_group();
+      return;
+    }
     const int64_t slot = ws_base + c;
     float2* ml = p.ws_ml + slot * p.group;
     float* acc = p.ws_acc + slot * p.group * D;
-    const int h0 = 2 * q, h1 = 2 * q + 1;
     if (g == 0) {
       if (h0 < p.group) __stcg(ml + h0, make_float2(cm0, cl0));
       if (h1 < p.group) __stcg(ml + h1, make_float2(cm1, cl1));
@@ -724,7 +815,8 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
   KVPACK_STAMP(stamps[1]);
   reset_leaf();
   reset_chunk();
-  int cc = split, cs = s_begin, slot_c = 0;  // the step to compute, its ring slot
+  reset_group();
+  int cc = c_first, cs = s_begin, slot_c = 0;  // the step to compute, its ring slot
   for (;;) {
     const int t0 = cc * kChunkTokens + cs * kLeanStepTok;
     if (cc >= n_chunks || t0 >= len32) break;
@@ -967,7 +1059,7 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I != LeanInst::kGeneral ? 4 :
     }
     if (++cs == s_end) {
       cs = s_begin;
-      cc += cstride;
+      cc = next_chunk(cc);
     }
     if (++slot_c == kLeanStages) slot_c = 0;
   }
@@ -1228,24 +1320,12 @@ inline std::atomic<int> g_force_merge_slices{0};  // lean_force_merge_slices (te
 inline std::atomic<int> g_force_mix{0};            // lean_force_mix (tests)
 inline std::atomic<bool> g_force_general{false};   // lean_force_general_instance (tests)
 inline std::atomic<bool> g_force_warp_only{false}; // lean_force_warp_only_instance (tests)
+inline std::atomic<int> g_force_group_fold{0};     // lean_force_group_fold (tests): 1 on, -1 off, 0 the rule
 inline thread_local LeanLaunchInfo g_last_lean;    // lean_last_launch (kvpack bench)
 // Dynamic shared memory of a merge CTA of S slices: the round's partials (S x 16 chunks x D floats) and their (m, l).
 template <int D>
 constexpr size_t lean_merge_smem(int slices) {
   return size_t(slices) * kFoldChunks * (D * sizeof(float) + sizeof(float2));
-}
-// One step of the fold acc = merge(acc, chunk j): the weights of the accumulator (sa) and of the chunk (sc) at the
-// new running max, which is returned.
-__device__ __forceinline__ float lean_fold_weights(float m, float mj, float& sa, float& sc) {
-  const float mn = fmaxf(m, mj);
-  const float mr = mn == -INFINITY ? 0.f : mn;
-  sa = exp2f(m - mr);
-  sc = exp2f(mj - mr);
-  return mn;
-}
-__device__ __forceinline__ void lean_merge_step(float& m, float& l, float mj, float lj, float& sa, float& sc) {
-  m = lean_fold_weights(m, mj, sa, sc);
-  l = fmaf(l, sa, __fmul_rn(lj, sc));
 }
 template <int D, int B2, int S>
 __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(const DecodeKernelParams p) {
@@ -1271,6 +1351,8 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
   const int n_groups = (n_chunks + kFoldChunks - 1) / kFoldChunks;
   const int64_t base = (int64_t{b} * H + h) * p.max_chunks;
   const int qh = h * p.group + hg;
+  // The lean kernel's kGroup instance folded each group itself (its partial in the group's first chunk slot).
+  const bool gf = p.lean_group_fold != 0;
   // q formats: the output rotation's rows (j W + w, W = kWarps), the first kRB of each warp's kR rows loaded now.
   constexpr int kR = D / kWarps, kRB = kR <= 16 ? kR : 8;  // S >= 4: every row of the warp loaded before the wait
   static_assert(kR * kWarps == D, "every row of G is one warp's");
@@ -1327,19 +1409,20 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
     for (int i = tid; i < S * kFoldChunks * kPieces; i += kThreads) {
       const int sc = i / kPieces, pc = i % kPieces;
       const int c = (g0 + sc / kFoldChunks) * kFoldChunks + sc % kFoldChunks;
-      if (c < n_chunks)
+      if (c < n_chunks && (!gf || sc % kFoldChunks == 0))
         lean_cp16_full(acc_sa + (sc * D + 4 * pc) * 4, p.ws_acc + ((base + c) * p.group + hg) * D + 4 * pc);
     }
     asm volatile("cp.async.commit_group;\n" ::);
     if (tid < S * kFoldChunks) {
       const int c = (g0 + tid / kFoldChunks) * kFoldChunks + tid % kFoldChunks;
-      ml_s[tid] = c < n_chunks ? __ldcg(p.ws_ml + (base + c) * p.group + hg) : make_float2(-INFINITY, 0.f);
+      ml_s[tid] = c < n_chunks && (!gf || tid % kFoldChunks == 0) ? __ldcg(p.ws_ml + (base + c) * p.group + hg)
+                                                                  : make_float2(-INFINITY, 0.f);
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
     // Each chunk's two weights (sa, sc) of the group's left fold, once per (slice, chunk) instead of once per channel:
     // chunk j's running max is the max of chunks 0..j in order, exactly the fold's.
-    if (tid < S * kFoldChunks) {
+    if (!gf && tid < S * kFoldChunks) {
       const int s0 = tid - tid % kFoldChunks, j = tid % kFoldChunks;
       float m = -INFINITY;
       for (int i = 0; i < j; ++i) m = fmaxf(m, ml_s[s0 + i].x);
@@ -1353,10 +1436,10 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
     const int cnt = grp < n_groups ? min(kFoldChunks, n_chunks - grp * kFoldChunks) : 0;
     float o[C];
 #pragma unroll
-    for (int k = 0; k < C; ++k) o[k] = 0.f;
+    for (int k = 0; k < C; ++k) o[k] = gf && cnt > 0 ? acc_s[slice * kFoldChunks * D + r + kMergeSliceThreads * k] : 0.f;
 #pragma unroll
     for (int j = 0; j < kFoldChunks; ++j)
-      if (j < cnt) {
+      if (!gf && j < cnt) {
         const float2 wj = w_s[slice * kFoldChunks + j];
 #pragma unroll
         for (int k = 0; k < C; ++k)
@@ -1364,7 +1447,8 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
       }
 #pragma unroll
     for (int k = 0; k < C; ++k) fo_s[slice][r + kMergeSliceThreads * k] = o[k];
-    if (r == 0) {
+    if (r == 0 && gf) fml_s[slice] = ml_s[slice * kFoldChunks];  // (-inf, 0) past the sequence's groups
+    if (r == 0 && !gf) {
       float m = -INFINITY, l = 0.f;
       for (int j = 0; j < cnt; ++j) {
         const float2 mlj = ml_s[slice * kFoldChunks + j], wj = w_s[slice * kFoldChunks + j];
@@ -1637,16 +1721,36 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
       if (leaf && leaf_only_env != 0 && lean_prepare<D, B2, LeanInst::kLeafOnly>() > 0) inst = LeanInst::kLeafOnly;
       if (warp_only) inst = LeanInst::kWarpOnly;
     }
+  // kGroup (v74; q formats at head_dim 128): warp mode without the mixed grid, each warp folding whole fold groups
+  // (groups split, split + splits, ...: splits = the plan's warps per (sequence, kv head), at most the groups of the
+  // longest sequence, a multiple of 4), one partial per group. KVPACK_LEAN_GROUP_FOLD=1 / 0 forces it on / off
+  // (measurement), lean_force_group_fold (tests). Default: off (not yet measured). Same bits either way.
+  static const int gf_env = env_int("KVPACK_LEAN_GROUP_FOLD", 0);
+  const int gf_forced = g_force_group_fold.load(std::memory_order_relaxed);
+  bool group_fold = false;
+  int lean_splits_run = splits;
+  DecodeKernelParams kq = kp;
+  if constexpr (B2 != 0 && D == 128)
+    if (!leaf && mix == 0 && !g_force_general.load(std::memory_order_relaxed) &&
+        (gf_forced ? gf_forced > 0 : gf_env > 0)) {
+      group_fold = true;
+      inst = LeanInst::kGroup;
+      lean_splits_run = (std::min(splits, std::max(kp.max_groups, 1)) + kLeanWarps - 1) / kLeanWarps * kLeanWarps;
+      grid = dim3(static_cast<unsigned>(int64_t{kp.num_kv_heads} * lean_splits_run / kLeanWarps), batch);
+      kq.lean_group_fold = 1;
+    }
   int occ = 0;  // the instance's CTAs per SM (lean_last_launch)
   auto go = [&]<LeanInst J>() {
     occ = lean_prepare<D, B2, J>();
     if (only & 2)
-      lean_launch(lean_kernel<D, B2, J>, grid, kLeanWarps * 32, LeanGeo<D, B2, J>::kSmem, stream, pdl && B2 != 0, kp,
-                  splits, rows, mix);
+      lean_launch(lean_kernel<D, B2, J>, grid, kLeanWarps * 32, LeanGeo<D, B2, J>::kSmem, stream, pdl && B2 != 0, kq,
+                  lean_splits_run, rows, mix);
   };
   if constexpr (B2 != 0) {
     if (inst == LeanInst::kLeafOnly) go.template operator()<LeanInst::kLeafOnly>();
     if (inst == LeanInst::kWarpOnly) go.template operator()<LeanInst::kWarpOnly>();
+    if constexpr (D == 128)
+      if (inst == LeanInst::kGroup) go.template operator()<LeanInst::kGroup>();
   }
   if (inst == LeanInst::kGeneral) go.template operator()<LeanInst::kGeneral>();
   // Merge slices: as many fold groups per round as the sequence has (up to 16: one round at 128k) while the merge grid
@@ -1660,8 +1764,8 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   const int forced = g_force_merge_slices.load(std::memory_order_relaxed);
   const int slices = lean_merge_slices(int64_t{kp.num_kv_heads} * batch * kp.group, kp.max_groups, device_sm_count(),
                                        merge_occ, forced ? forced : slices_env);
-  if (only & 4) launch_lean_merge<D, B2>(slices, dim3(kp.num_kv_heads, batch, kp.group), stream, pdl, kp);
-  g_last_lean = LeanLaunchInfo{leaf ? 1 : 0, splits, mix, B2 == 0 ? 0 : four ? 4 : 1, slices, occ,
+  if (only & 4) launch_lean_merge<D, B2>(slices, dim3(kp.num_kv_heads, batch, kp.group), stream, pdl, kq);
+  g_last_lean = LeanLaunchInfo{leaf ? 1 : 0, lean_splits_run, mix, B2 == 0 ? 0 : four ? 4 : 1, slices, occ,
                                static_cast<int>(inst), g_last_lean.launches + 1};
 }
 

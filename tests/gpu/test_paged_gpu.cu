@@ -654,6 +654,44 @@ TEST(DecodeGpu, LeanMergeSliceCountsGiveTheSameBits) {
   }
 }
 
+// The lean kernel's group-folding instance (LeanInst::kGroup, q formats at head_dim 128, forced for the test): warps
+// that own whole fold groups fold their chunks' partials with the merge's first-level arithmetic and store one
+// partial per group, which the merge takes as the group's. It must give the bits of the launcher's own plan for every
+// warp count per (sequence, kv head) (4: several groups per warp; 16, 64: more warps than groups, the spare ones
+// exit), with sequences of one token, of exactly one group (8,192 tokens), one chunk past it, and of 2, 3 and 9 groups
+// (the last one short), with a max_context beyond the lengths, and in both table views.
+TEST(DecodeGpu, LeanGroupFoldGivesTheSameBits) {
+  KVPACK_REQUIRE_GPU();
+  std::mt19937 rng(4713);
+  for (Format f : paged_formats()) {
+    if (std::string(decode_kernel_name(f)) != "lean" || f == Format::fp8) continue;
+    SCOPED_TRACE(format_name(f));
+    const PagedLayout l = make_paged_layout(f, 16, 2, 128);
+    const std::vector<int64_t> lens{20001, 1, 9000, 8192, 8193, 70001};
+    PagedBatch pb = make_batch(l, lens, rng);
+    DevBatch db(pb);
+    for (int qo : {2, 8}) {
+      auto q = random_bf16(lens.size() * qo * 128, rng, 2.0f);
+      lean_force_group_fold(-1);
+      AttnResult base = run_attention(pb, db, q, qo, true, 0, 0);
+      lean_force_group_fold(0);
+      ASSERT_EQ(base.status, 0);
+      expect_close(compare(pb, q, qo, base));
+      for (int splits : {4, 16, 64})
+        for (int64_t max_context : {int64_t{0}, int64_t{100000}}) {
+          lean_force_group_fold(1);
+          AttnResult r = run_attention(pb, db, q, qo, splits != 16, splits, 3, max_context, true, 0);
+          lean_force_group_fold(0);
+          const LeanLaunchInfo li = lean_last_launch();
+          ASSERT_EQ(li.instance, 3) << "the group-folding instance, forced";
+          ASSERT_EQ(r.status, 0);
+          ASSERT_EQ(r.out, base.out) << "qo " << qo << " splits " << splits << " max_context " << max_context;
+          ASSERT_TRUE(bits_equal(r.lse.data(), base.lse.data(), r.lse.size() * 4)) << "splits " << splits;
+        }
+    }
+  }
+}
+
 // The lean kernel's mixed grid (lean_mixed_chunks: chunks [0, mix) one warp each, the rest one CTA each; forced for the
 // test) gives the bits of the launcher's own choice for every split point: mix = 4 (nearly all leaf mode), a split
 // inside the longest sequence, one past a shorter sequence's end, and one past every chunk (warp part only); with a

@@ -135,6 +135,7 @@ int run_bench(const Opts& o) {
           const char* instance = !t.lean                  ? ""
                                  : t.lean->instance == 1 ? "leaf-only"
                                  : t.lean->instance == 2 ? "warp-only"
+                                 : t.lean->instance == 3 ? "group"
                                                          : "general";
           if (const auto& li = t.lean)
             row.update({{"lean_mode", li->leaf == 1 ? "leaf" : li->mix > 0 ? "mixed" : "warp"},
