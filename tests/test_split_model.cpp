@@ -95,6 +95,23 @@ TEST(LeanDefaultPlan, OneWarpPerChunkInWholeCtas) {
   EXPECT_THROW(lean_default_splits(0), Error);
 }
 
+// The group-folding mode (v74): on from 2.5 waves of one-group warps (H100: 3 CTAs x 4 warps x 132 SMs), where it
+// measured faster (32q/8kv batch 32-64 x 128k, batch 64 x 64k), off at 1.3 waves and below where it measured slower.
+TEST(LeanGroupFold, OnFromTwoAndAHalfWavesOfGroupWarps) {
+  constexpr int64_t kWarpSlots = 132 * 3 * 4;
+  EXPECT_TRUE(lean_default_group_fold(32 * 8, chunks_of(131072), kWarpSlots));   // 4,096 warps: 2.6 waves
+  EXPECT_TRUE(lean_default_group_fold(64 * 8, chunks_of(131072), kWarpSlots));   // 5.2 waves
+  EXPECT_TRUE(lean_default_group_fold(64 * 8, chunks_of(65536), kWarpSlots));    // 2.6 waves
+  EXPECT_FALSE(lean_default_group_fold(16 * 8, chunks_of(131072), kWarpSlots));  // 1.3 waves
+  EXPECT_FALSE(lean_default_group_fold(64 * 8, chunks_of(32768), kWarpSlots));   // 1.3 waves (measured 0.88x)
+  EXPECT_FALSE(lean_default_group_fold(64 * 1, chunks_of(131072), kWarpSlots));  // 0.65 waves (measured 0.96x)
+  EXPECT_FALSE(lean_default_group_fold(1, 1, kWarpSlots));
+  EXPECT_TRUE(lean_default_group_fold(3960, 1, kWarpSlots));  // one chunk, one group per warp: 2.5 waves exactly
+  EXPECT_FALSE(lean_default_group_fold(3959, 1, kWarpSlots));
+  EXPECT_THROW(lean_default_group_fold(0, 1, kWarpSlots), Error);
+  EXPECT_THROW(lean_default_group_fold(1, 0, kWarpSlots), Error);
+}
+
 // The mixed grid (v48): where one warp per chunk is 1.x waves of the H100's 1,584 warp slots (2,048 chunk-warps:
 // 32q/8kv batch 1 x 128k, 8q/1kv batch 8 x 128k), the model's pick leaves the last wave to leaf CTAs; below one wave
 // it stays leaf mode (0), and where the partial wave is a small part of many (batch 64 x 128k) warp mode whole (0).

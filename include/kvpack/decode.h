@@ -149,6 +149,13 @@ int lean_default_splits(int64_t chunks);
 // multiple of 4 in [4, chunks)) when a round model (a leaf CTA ~0.3 of a warp-mode CTA) predicts at least 5% less
 // time than warp mode whole, else 0 (leaf mode below one wave, lean_default_leaf; warp mode whole above). Host code.
 int lean_mixed_chunks(int64_t units, int64_t chunks, int64_t warp_slots);
+// The lean kernel's group-folding mode (q formats at head_dim 128, bench/NOTES.md v74): one warp per fold group
+// (kFoldChunks chunks) instead of one per chunk, the group's chunks folded in the warp, one partial per group. True
+// where those units x ceil(chunks / kFoldChunks) warps are at least 2.5 waves of the `warp_slots` (SMs x resident
+// CTAs x 4). Measured (H100, v74, A/B in one binary, 3 rounds): 1.01-1.10x at 32q/8kv batch 32-64 x 128k (2.6 and
+// 5.2 waves), 0.88-0.96x at 1.3 waves and below (batch 64 x 32k, 8q/1kv batch 64 x 128k: the last wave's idle
+// slots), far slower under one wave. Host code.
+bool lean_default_group_fold(int64_t units, int64_t chunks, int64_t warp_slots);
 // The decode kernel a format runs on: "lean" (q4, q3.5, q3: their lane layout has no other reader) or "regular". Host code.
 // (fp8 may also run on the lean kernel for some shapes, fp8_lean_default; its plans and tuning entries stay "regular":
 // the lean kernel reads a regular fp8 plan's split count as warps, 8 per split.)

@@ -67,6 +67,13 @@ int lean_mixed_chunks(int64_t units, int64_t chunks, int64_t warp_slots) {
   return best <= 0.95 * whole ? best_cw : 0;
 }
 
+bool lean_default_group_fold(int64_t units, int64_t chunks, int64_t warp_slots) {
+  KVPACK_CHECK(units >= 1 && chunks >= 1 && warp_slots >= 1,
+               "lean_default_group_fold: units {}, chunks {}, warp_slots {} must be >= 1", units, chunks, warp_slots);
+  const int64_t groups = (chunks + kFoldChunks - 1) / kFoldChunks;
+  return 2 * units * groups >= 5 * warp_slots;  // at least 2.5 waves of one-group warps
+}
+
 const char* decode_kernel_name(Format f) { return lane_bits_x2(f) ? "lean" : "regular"; }
 
 int lean_merge_slices(int64_t merge_ctas, int fold_groups, int sms, const int (&ctas_per_sm)[kMergeSliceCounts],

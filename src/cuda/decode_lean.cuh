@@ -113,14 +113,13 @@ static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY
 #ifndef KVPACK_LEAN_FP8_ST
 #define KVPACK_LEAN_FP8_ST 2
 #endif
-// v73: who copies fp8's V pieces (the kernel argument `rows`, bits 1-2; bit 0 is KVPACK_LEAN_KROWS). Reader lane
-// (g, q) needs bytes [16 g, +16) of tokens 2q, 2q + 1, 8 + 2q, 9 + 2q of each unit. 0 (before v73): every lane copies
-// its own pieces, so the 4 lanes of a quad read 4 different rows, 16 bytes of a 32-byte sector each: v72's ncu found
-// 1.5x the data's sectors in L1's global loads (V at 2x: KROWS, which changes K only, left it unchanged); 1: copy k of
-// lane l is row 4k + l / 8, 16-byte column l % 8 (whole 128-byte rows, 4-way shared-store conflicts); 2: lane pairs
-// copy whole 32-byte sectors, the 8 lanes of a phase one sector of each of 4 rows (q = 0..3), whose readers' slots
-// fall in 8 distinct bank groups. Either way lanes read each other's copies (two __syncwarp per step, as KROWS).
-// Only where copies land and who issues them changes: the same bits.
+// v73 (measurement, not kept): who copies fp8's V pieces (the kernel argument `rows`, bit 1; bit 0 is
+// KVPACK_LEAN_KROWS). Reader lane (g, q) needs bytes [16 g, +16) of tokens 2q, 2q + 1, 8 + 2q, 9 + 2q of each unit.
+// 0: every lane copies its own pieces (a quad's 4 lanes read 16 bytes of 4 different rows); 1: copy k of lane l is
+// row 4k + l / 8, 16-byte column l % 8 (whole 128-byte rows), landing in its reader's slot (two __syncwarp per step,
+// as KROWS). Only where copies land and who issues them changes: the same bits (fp8's decode tests pass with 1).
+// Measured on the H100 (bench/NOTES.md v73): 0.996-1.004x, and ncu's L1 / L2 sector counts unchanged: the V copies'
+// pattern was not where lean fp8's extra read sectors come from.
 #ifndef KVPACK_LEAN_VROWS
 #define KVPACK_LEAN_VROWS 0
 #endif
@@ -433,24 +432,19 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I == LeanInst::kLeafOnly || I
   // KVPACK_LEAN_KROWS: this lane's K copy k of a unit lands in reader lane (4 (k % 2) + lane / 8) * 4 + col % 4,
   // piece 2 (k / 2) + col / 4 (col = lane % 8): the lane-dependent part of that slot address, relative to `ring`.
   const bool krows = (rows & 1) != 0;
-  const int vrows = (rows >> 1) & 3;
+  const bool vrows = (rows & 2) != 0;
   const int krows_col = lane % 8;
   const uint32_t krows_dst =
       uint32_t(((krows_col / 4) * 32 + (lane / 8) * 4 + krows_col % 4) * 16) - uint32_t(lane * 16);
-  // KVPACK_LEAN_VROWS: V copy k (0..3) of this lane is row vr[k] of the unit, 16-byte column vc; its reader is lane
-  // 4 vc + (vr % 8) / 2, piece 4 + (vr & 1) + 2 (vr / 8) of the unit (relative to the stage's first byte: vdst[k]).
-  int vr[4], vc = 0;
+  // KVPACK_LEAN_VROWS: V copy k (0..3) of this lane is row vr[k] = 4k + lane / 8 of the unit, 16-byte column
+  // vc = lane % 8; its reader is lane 4 vc + (vr % 8) / 2, piece 4 + (vr & 1) + 2 (vr / 8) of the unit (relative to
+  // the stage's first byte: vdst[k]).
+  const int vc = lane % 8;
+  int vr[4];
   uint32_t vdst[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    if (vrows == 2) {  // phase ph = lane / 8, pair i = (lane / 2) % 4 -> row 2 i + (ph & 1) + 8 (k / 2), sector (ph / 2) + 2 (k % 2)
-      const int ph = lane / 8, i = (lane / 2) % 4;
-      vr[k] = 2 * i + (ph & 1) + 8 * (k / 2);
-      vc = 2 * ((ph / 2) + 2 * (k % 2)) + lane % 2;
-    } else {
-      vr[k] = 4 * k + lane / 8;
-      vc = lane % 8;
-    }
+    vr[k] = 4 * k + lane / 8;
     const int reader = 4 * vc + (vr[k] % 8) / 2, piece = 4 + (vr[k] & 1) + 2 * (vr[k] / 8);
     vdst[k] = uint32_t((piece * 32 + reader) * 16);
   }
@@ -1687,9 +1681,9 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
     grid = dim3(static_cast<unsigned>(int64_t{batch} * kp.num_kv_heads *
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
                 1);
-  // The copy layout (fp8): bit 0 K by rows, bits 1-2 V's (KVPACK_LEAN_VROWS above; the variables for measurement).
+  // The copy layout (fp8): bit 0 K by rows, bit 1 V by rows (KVPACK_LEAN_KROWS, KVPACK_LEAN_VROWS; measurement).
   static const int rows = (env_int("KVPACK_LEAN_KROWS", 0) != 0 ? 1 : 0) |
-                          ((env_int("KVPACK_LEAN_VROWS", KVPACK_LEAN_VROWS) & 3) << 1);
+                          (env_int("KVPACK_LEAN_VROWS", KVPACK_LEAN_VROWS) != 0 ? 2 : 0);
   // KVPACK_LEAN_ONLY (measurement only: the output is then wrong): a mask of the kernels launched, 1 = the query
   // preparation, 2 = the lean kernel, 4 = the merge, to time each alone (bench/NOTES.md v44).
   static const int only = env_int("KVPACK_LEAN_ONLY", 7);
@@ -1724,15 +1718,21 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // kGroup (v74; q formats at head_dim 128): warp mode without the mixed grid, each warp folding whole fold groups
   // (groups split, split + splits, ...: splits = the plan's warps per (sequence, kv head), at most the groups of the
   // longest sequence, a multiple of 4), one partial per group. KVPACK_LEAN_GROUP_FOLD=1 / 0 forces it on / off
-  // (measurement), lean_force_group_fold (tests). Default: off (not yet measured). Same bits either way.
-  static const int gf_env = env_int("KVPACK_LEAN_GROUP_FOLD", 0);
+  // (measurement), lean_force_group_fold (tests). Default: the rule lean_default_group_fold (host code,
+  // split_model.cpp: from 2.5 waves of one-group warps), off where the plan or the environment forces leaf mode or a
+  // mixed grid. Same bits either way.
+  static const int gf_env = env_int("KVPACK_LEAN_GROUP_FOLD", -1);
   const int gf_forced = g_force_group_fold.load(std::memory_order_relaxed);
   bool group_fold = false;
   int lean_splits_run = splits;
   DecodeKernelParams kq = kp;
   if constexpr (B2 != 0 && D == 128)
     if (!leaf && mix == 0 && !g_force_general.load(std::memory_order_relaxed) &&
-        (gf_forced ? gf_forced > 0 : gf_env > 0)) {
+        (gf_forced     ? gf_forced > 0
+         : gf_env >= 0 ? gf_env > 0
+                       : lean_default_group_fold(int64_t{batch} * kp.num_kv_heads, std::max(kp.max_chunks, 1),
+                                                 int64_t{device_sm_count()} *
+                                                     lean_prepare<D, B2, LeanInst::kGroup>() * kLeanWarps))) {
       group_fold = true;
       inst = LeanInst::kGroup;
       lean_splits_run = (std::min(splits, std::max(kp.max_groups, 1)) + kLeanWarps - 1) / kLeanWarps * kLeanWarps;
