@@ -154,7 +154,8 @@ int lean_mixed_chunks(int64_t units, int64_t chunks, int64_t warp_slots);
 // where those units x ceil(chunks / kFoldChunks) warps are at least 2.5 waves of the `warp_slots` (SMs x resident
 // CTAs x 4). Measured (H100, v74, A/B in one binary, 3 rounds): 1.01-1.10x at 32q/8kv batch 32-64 x 128k (2.6 and
 // 5.2 waves), 0.88-0.96x at 1.3 waves and below (batch 64 x 32k, 8q/1kv batch 64 x 128k: the last wave's idle
-// slots), far slower under one wave. Host code.
+// slots), far slower under one wave. H200 (v75, the rule against off): q4 1.08-1.14x, q3.5 1.06-1.07x at 32q/8kv
+// batch 32-64 x 128k and 64 x 64k; q3 0.97-0.98x there, so the launcher takes the rule for q4 and q3.5 only. Host code.
 bool lean_default_group_fold(int64_t units, int64_t chunks, int64_t warp_slots);
 // The decode kernel a format runs on: "lean" (q4, q3.5, q3: their lane layout has no other reader) or "regular". Host code.
 // (fp8 may also run on the lean kernel for some shapes, fp8_lean_default; its plans and tuning entries stay "regular":

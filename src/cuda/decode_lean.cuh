@@ -1719,8 +1719,9 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   // (groups split, split + splits, ...: splits = the plan's warps per (sequence, kv head), at most the groups of the
   // longest sequence, a multiple of 4), one partial per group. KVPACK_LEAN_GROUP_FOLD=1 / 0 forces it on / off
   // (measurement), lean_force_group_fold (tests). Default: the rule lean_default_group_fold (host code,
-  // split_model.cpp: from 2.5 waves of one-group warps), off where the plan or the environment forces leaf mode or a
-  // mixed grid. Same bits either way.
+  // split_model.cpp: from 2.5 waves of one-group warps) for q4 and q3.5, off where the plan or the environment forces
+  // leaf mode or a mixed grid. q3 keeps its warp-only instance (4 CTAs per SM): group folding measured 0.97-0.98x
+  // for it on the H200 (1.05x on the H100; bench/NOTES.md v75). Same bits either way.
   static const int gf_env = env_int("KVPACK_LEAN_GROUP_FOLD", -1);
   const int gf_forced = g_force_group_fold.load(std::memory_order_relaxed);
   bool group_fold = false;
@@ -1730,7 +1731,7 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
     if (!leaf && mix == 0 && !g_force_general.load(std::memory_order_relaxed) &&
         (gf_forced     ? gf_forced > 0
          : gf_env >= 0 ? gf_env > 0
-                       : lean_default_group_fold(int64_t{batch} * kp.num_kv_heads, std::max(kp.max_chunks, 1),
+                       : B2 != 6 && lean_default_group_fold(int64_t{batch} * kp.num_kv_heads, std::max(kp.max_chunks, 1),
                                                  int64_t{device_sm_count()} *
                                                      lean_prepare<D, B2, LeanInst::kGroup>() * kLeanWarps))) {
       group_fold = true;
