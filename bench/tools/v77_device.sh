@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call (bench/NOTES.md v76, v77): the group-folding test under the sanitizers (v76's, not run on
+# 2026-12-07), then a KVPACK_LEAN_BULK build (the q formats' ring filled by bulk copies of whole units, prepared
+# 2026-12-07 without a GPU) built beside the default one: its tests, then the A/B of the two builds. Files in $OUT:
+# sanitizer.log, tests_bulk.log, ab_bulk.json / .txt, registers_bulk.txt, log.txt.
+#   LIMIT_S=480 bash bench/tools/v77_device.sh
+source "$(dirname "$0")/device_env.sh" /tmp/v77_out /tmp/v77_work 480
+(cmake -S . -B build-bulk -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
+   -DCMAKE_CUDA_FLAGS=-DKVPACK_LEAN_BULK > "$W/bulk_build.log" 2>&1 &&
+ cmake --build build-bulk -j8 --target kvpack_cli kvpack_gpu_tests >> "$W/bulk_build.log" 2>&1) &
+bulkpid=$!
+build_device kvpack_cli kvpack_gpu_tests
+T=./build-device/kvpack_gpu_tests
+s=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+{ for tool in memcheck racecheck; do
+    echo "== $tool"
+    KVPACK_TEST_FORMATS=q4 timeout 80 $s --tool $tool --error-exitcode 9 $T --gtest_filter='DecodeGpu.LeanGroupFold*'
+    echo "rc=$?"
+  done; } > "$OUT/sanitizer.log" 2>&1
+stamp "sanitizers"
+wait $bulkpid; stamp "bulk build rc=$?"
+grep -E "lean_kernel" -A2 "$W/bulk_build.log" | grep -E "registers|spill" | sort | uniq -c > "$OUT/registers_bulk.txt"
+if [ -x ./build-bulk/kvpack_gpu_tests ]; then
+  T=./build-bulk/kvpack_gpu_tests
+  gpu_tests tests_bulk 120 'DecodeGpu.RandomShapes*:DecodeGpu.LongContext*:DecodeGpu.Bitwise*:DecodeGpu.LeanGroupFold*:DecodeGpu.LeanMerge*:DecodeGpu.GraphCapture*' \
+    KVPACK_TEST_FORMATS=q4,q3.5,q3
+  cp "$W/tests_bulk.log" "$OUT/"
+  GRID="--formats q4,q3.5,q3 --shapes 32/8/128,8/1/128 --batch 1,8,32,64 --context 32768,131072 --iters 20"
+  [ "$(left)" -gt 120 ] && bench_ab "$W/ab_bulk" 3 base=./build-device/kvpack bulk=./build-bulk/kvpack
+else
+  tail -30 "$W/bulk_build.log" > "$OUT/bulk_build_tail.log"
+fi
+{ cat "$OUT/env.log"; rm -f "$OUT/env.log"
+  echo "== sanitizers"; grep -E "^==|ERROR SUMMARY|rc=|OK \]|FAILED" "$OUT/sanitizer.log"
+  echo "== bulk build registers"; cat "$OUT/registers_bulk.txt"
+  echo "== tests (bulk build)"; test_outcomes "$W/tests_bulk.log"
+  echo "== A/B bulk"; cat "$OUT/ab_ab_bulk.txt" 2>/dev/null; } > "$OUT/log.txt"
+rm -f "$OUT/build.log"
+stamp "done"
