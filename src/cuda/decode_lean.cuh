@@ -181,6 +181,12 @@ static_assert(LeanGeo<128, 8, LeanInst::kWarpOnly>::kStages == 2 && LeanGeo<128,
                   LeanGeo<128, 6, LeanInst::kWarpOnly>::kStages == 2 &&
                   LeanGeo<128, 8, LeanInst::kWarpOnly>::kSmem + 1024 <= 228 * 1024 / 4,
               "warp-only at head_dim 128: a 2-stage ring and the accumulators, 4 CTAs per SM");
+static_assert(LeanGeo<128, 8, LeanInst::kGroup>::kStages == 3 && LeanGeo<128, 7, LeanInst::kGroup>::kStages == 4 &&
+                  LeanGeo<128, 6, LeanInst::kGroup>::kStages == 4 &&
+                  3 * (LeanGeo<128, 7, LeanInst::kGroup>::kSmem + 1024) <= 228 * 1024 &&
+                  3 * (LeanGeo<128, 8, LeanInst::kGroup>::kSmem + 1024) <= 228 * 1024,
+              "group-folding at head_dim 128 (v74's measured configuration): q4 3 stages, q3.5 and q3 4, 3 CTAs per SM "
+              "beside the group accumulators");
 
 // One step of the fold acc = merge(acc, chunk j) (lean_merge_kernel's first and second level, kGroup's chunk fold): the weights of the accumulator (sa) and of the chunk (sc) at the
 // new running max, which is returned.
