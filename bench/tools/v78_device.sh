@@ -35,7 +35,7 @@ if [ -n "$FI_TAR" ] && [ "$(left)" -gt 120 ]; then
 fi
 if [ "$(left)" -gt 90 ]; then
   timeout $(( $(left) - 30 )) $ncu --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 --clock-control none \
-    --section SourceCounters --import-source yes -o "$W/fp8_regular" ./build-device/kvpack bench --formats fp8 \
+    --section SourceCounters --section WarpStateStats --import-source yes -f -o "$W/fp8_regular" ./build-device/kvpack bench --formats fp8 \
     --shapes 32/8/128 --batch 32 --context 128k --iters 5 --eager > "$W/src.log" 2>&1
   $ncu --import "$W/fp8_regular.ncu-rep" --page source --csv --print-source sass > "$W/src.csv" 2>/dev/null
   python3 bench/tools/ncu_hot.py "$W/src.csv" 40 > "$OUT/hot_fp8_regular.txt" 2>&1
