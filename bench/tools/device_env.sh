@@ -101,13 +101,43 @@ bench_ab() {
 }
 # ncu_one FILE KERNEL_REGEX "BENCH CELL ARGS" [NCU_ARGS ...]: ncu (clocks not locked) of the 4th launch matching
 # KERNEL_REGEX in `kvpack bench CELL --iters 5 --eager` (eager: ncu does not see a replayed graph's kernels), its
-# report appended to FILE. One run per call, so that an unknown metric name costs only that run.
+# report appended to FILE. One run per call, so that an unknown metric name costs only that run. NCU_TIMEOUT: its
+# limit in seconds (default 45).
 ncu_one() {
   local f=$1 kern=$2 cell=$3 ncu
   shift 3
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  timeout 45 $ncu --kernel-name regex:$kern --launch-skip 3 --launch-count 1 --clock-control none "$@" \
+  timeout "${NCU_TIMEOUT:-45}" $ncu --kernel-name regex:$kern --launch-skip 3 --launch-count 1 --clock-control none "$@" \
     ./build-device/kvpack bench $cell --iters 5 --eager 2>&1 | grep -vE "^==PROF==|^\s*$" >> "$f"
+}
+# ab_env DIR NAME ROUNDS VAR VALUES...: `kvpack bench $GRID` with VAR=value for each value (the first one "base", the
+# others "<NAME><value>"), ROUNDS rounds alternating the order, summaries into $OUT/ab_NAME.json/.txt.
+ab_env() {
+  local dir=$1 name=$2 rounds=$3 var=$4 r v n
+  shift 4
+  mkdir -p "$dir"
+  local first=$1
+  for r in $(seq 1 "$rounds"); do
+    [ "$(left)" -gt 60 ] || break
+    local order=("$@")
+    [ $((r % 2)) -eq 0 ] && order=($(printf '%s\n' "$@" | tac))
+    for v in "${order[@]}"; do
+      n=$name$v; [ "$v" = "$first" ] && n=base
+      env "$var=$v" ./build-device/kvpack bench $GRID --json "$dir/ab_${n}_$r.json" > /dev/null 2>&1
+    done
+    stamp "A/B $name round $r"
+    python3 bench/tools/ab_summary.py "$dir" "$OUT/ab_$name.json" > "$OUT/ab_$name.txt"
+  done
+}
+# fi_site: FlashInfer's wheels and its JIT tree (carried in .whl/, bench/flashinfer/fetch_flashinfer.sh) installed into
+# /tmp/site (run Python with PYTHONPATH=/tmp/site); fails when .whl/ holds no FlashInfer tree.
+fi_site() {
+  local tar
+  tar=$(ls .whl/flashinfer-*.tar.xz 2>/dev/null | head -1)
+  [ -n "$tar" ] || return 1
+  mkdir -p /tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  tar -xJf "$tar" -C /tmp/site
 }
 # ab_bench VARIANT ROUND [VAR=VALUE ...]: build-device's `kvpack bench $GRID` with those environment variables (the
 # lean path's measurement switches) into $W/ab_VARIANT_ROUND.json, the file names bench/tools/ab_summary.py reads.

@@ -27,25 +27,6 @@ for v in 0 1 2; do
   KVPACK_LEAN_VROWS=$v ncu_one "$OUT/ncu_vrows$v.txt" lean_kernel "$CELL" --metrics $M
 done
 stamp "ncu"
-# ab_env DIR NAME ROUNDS VAR VALUES...: `kvpack bench $GRID` with VAR=value for each value (the first one "base", the
-# others "<NAME><value>"), ROUNDS rounds alternating the order, summaries into $OUT/ab_NAME.json/.txt.
-ab_env() {
-  local dir=$1 name=$2 rounds=$3 var=$4 r v n
-  shift 4
-  mkdir -p "$dir"
-  local first=$1
-  for r in $(seq 1 "$rounds"); do
-    [ "$(left)" -gt 60 ] || break
-    local order=("$@")
-    [ $((r % 2)) -eq 0 ] && order=($(printf '%s\n' "$@" | tac))
-    for v in "${order[@]}"; do
-      n=$name$v; [ "$v" = "$first" ] && n=base
-      env "$var=$v" ./build-device/kvpack bench $GRID --json "$dir/ab_${n}_$r.json" > /dev/null 2>&1
-    done
-    stamp "A/B $name round $r"
-    python3 bench/tools/ab_summary.py "$dir" "$OUT/ab_$name.json" > "$OUT/ab_$name.txt"
-  done
-}
 GRID="--formats fp8 --shapes 8/1/128 --batch 1,8,16,32,64 --context 32768,131072 --iters 30"
 ab_env "$W/abv" vrows 3 KVPACK_LEAN_VROWS 0 1 2
 GRID="--formats q4,q3.5,q3 --shapes 8/1/128,32/8/128 --batch 8,32,64 --context 32768,131072 --iters 20"
@@ -57,11 +38,7 @@ for only in 2 6 7; do
 done
 stamp "parts"
 XM=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_ltcfabric.sum,lts__t_sectors.avg.pct_of_peak_sustained_elapsed,lts__t_tag_requests.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum
-FI_TAR=$(ls .whl/flashinfer-*.tar.xz 2>/dev/null | head -1)
-if [ -n "$FI_TAR" ] && [ "$(left)" -gt 80 ]; then
-  mkdir -p /tmp/site
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-  tar -xJf "$FI_TAR" -C /tmp/site
+if [ "$(left)" -gt 80 ] && fi_site; then
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for b in 32 64; do
     [ "$(left)" -gt 50 ] || break

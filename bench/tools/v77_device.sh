@@ -33,15 +33,14 @@ fi
 # fp8 at 32q/8kv on the lean kernel (KVPACK_LEAN_FP8=1) against main's regular kernel, on this GPU (v49's H100 A/B,
 # before v68 / v71: 0.86-0.96x at batch 8-64): whether the per-shape rule should take 32q/8kv too.
 if [ "$(left)" -gt 70 ]; then
-  printf '#!/bin/sh\nKVPACK_LEAN_FP8=1 exec %s/build-device/kvpack "$@"\n' "$(pwd)" > "$W/leanfp8.sh"; chmod +x "$W/leanfp8.sh"
   GRID="--formats fp8 --shapes 32/8/128 --batch 8,32,64 --context 32768,131072 --iters 20"
-  bench_ab "$W/ab_fp8lean" 2 base=./build-device/kvpack lean="$W/leanfp8.sh"
+  ab_env "$W/ab_fp8lean" fp8lean 2 KVPACK_LEAN_FP8 0 1
 fi
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
   echo "== sanitizers"; grep -E "^==|ERROR SUMMARY|rc=|OK \]|FAILED" "$OUT/sanitizer.log"
   echo "== bulk build registers"; cat "$OUT/registers_bulk.txt"
   echo "== tests (bulk build)"; test_outcomes "$W/tests_bulk.log"
   echo "== A/B bulk"; cat "$OUT/ab_ab_bulk.txt" 2>/dev/null
-  echo "== A/B fp8 lean at 32q/8kv"; cat "$OUT/ab_ab_fp8lean.txt" 2>/dev/null; } > "$OUT/log.txt"
+  echo "== A/B fp8 lean at 32q/8kv"; cat "$OUT/ab_fp8lean.txt" 2>/dev/null; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
 stamp "done"

@@ -15,18 +15,13 @@ ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 SECS="--section SpeedOfLight --section SchedulerStats --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
 prof() {  # prof NAME KERNEL_REGEX "BENCH CELL"
   [ "$(left)" -gt 60 ] || return 0
-  timeout 90 $ncu --kernel-name regex:"$2" --launch-skip 3 --launch-count 1 --clock-control none $SECS \
-    ./build-device/kvpack bench $3 --iters 5 --eager 2>&1 | grep -vE "^==PROF==|^\s*$" > "$OUT/ncu_$1.txt"
+  NCU_TIMEOUT=90 ncu_one "$OUT/ncu_$1.txt" "$2" "$3" $SECS
   stamp "ncu $1"
 }
 prof fp8_regular decode_kernel "--formats fp8 --shapes 32/8/128 --batch 32 --context 128k"
 prof fp8_lean_8q1kv lean_kernel "--formats fp8 --shapes 8/1/128 --batch 64 --context 128k"
 prof q4_lean lean_kernel "--formats q4 --shapes 32/8/128 --batch 32 --context 128k"
-FI_TAR=$(ls .whl/flashinfer-*.tar.xz 2>/dev/null | head -1)
-if [ -n "$FI_TAR" ] && [ "$(left)" -gt 120 ]; then
-  mkdir -p /tmp/site
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-  tar -xJf "$FI_TAR" -C /tmp/site
+if [ "$(left)" -gt 120 ] && fi_site; then
   PYTHONPATH=/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/fiws timeout 100 $ncu --kernel-name regex:'kernel_mha|xqa|mha' \
     --launch-skip 2 --launch-count 1 --clock-control none $SECS python3 bench/flashinfer/fi_bench.py \
     --impls xqa --shapes 32/8/128 --batch 32 --context 131072 --iters 2 --no-graph --no-check --no-probe \
