@@ -74,6 +74,11 @@ struct WarpPipeGeo {
   static_assert(2 * Gm::kStageBytes >= kWarps * kUnit, "two stages must hold one unit per warp");
 };
 constexpr int kMaxDepth = 16;
+// v79: the warp pipeline's scores swap-AB (16 K rows as A, the heads as N); 0 = v17-v78's (the query as A). A
+// different, fixed, summation order of each warp's softmax sum, so the last bits of bf16 / fp8 differ from 0's.
+#ifndef KVPACK_PIPE_SWAP_K
+#define KVPACK_PIPE_SWAP_K 1
+#endif
 template <class P>
 inline constexpr bool kWarpPipeFormat = P::kMmaK && P::kMmaV;
 
@@ -663,10 +668,17 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       }
       cslot = cslot + 1 == depth ? 0 : cslot + 1;
     };
-    // Which of a thread's 4 scores per step belongs to which of its heads / tokens.
-    constexpr int kHeadsPer = 1;
-    auto head_of = [&](int) { return r; };
-    auto tok_of = [&](int i) { return 8 * (i >> 1) + 2 * t4 + (i & 1); };
+    // Which of a thread's 4 scores per step belongs to which of its heads / tokens. KVPACK_PIPE_SWAP_K (v79): the
+    // scores swap-AB as well (A = 16 K rows, B = the query's heads as N = 8: qa is already head r's B fragment),
+    // so thread (r, t4) gets tokens r, r + 8 of heads 2 t4, 2 t4 + 1. One HMMA chain of D / 16 per 16-token step
+    // instead of two whose A (the query) is half zero rows, and no copies of the query into each HMMA's A
+    // registers (v78's H100 profile of fp8 at 32q/8kv: IMAD, mostly those moves, 21% of the executed instructions).
+    constexpr bool kSwapK = KVPACK_PIPE_SWAP_K != 0;
+    constexpr int kHeadsPer = kSwapK ? 2 : 1;
+    auto head_of = [&](int i) { return kSwapK ? 2 * t4 + (i & 1) : r; };
+    auto tok_of = [&](int i) { return kSwapK ? r + 8 * (i >> 1) : 8 * (i >> 1) + 2 * t4 + (i & 1); };
+    // Lanes holding the same heads (other tokens): the t4 quad, or (swap-AB) the 8 rows.
+    constexpr int kRedFirst = kSwapK ? 4 : 1, kRedEnd = kSwapK ? 32 : 4;
 
     for (int c = split; c < n_chunks; c += p.num_splits) {
       const int chunk0 = c * kChunkTokens;
@@ -681,17 +693,31 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
           const uint8_t* meta = u + Wp::kUnitCode;
           const int t0 = chunk0 + sub0 + st * 16;
           const int valid = min(16, len32 - t0);
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            uint32_t bf[D / 16][2];
-            P::template mma_b<D>(u + (8 * nt + r) * Gm::kCode, t4, bf);
+          if constexpr (kSwapK) {
+            // a0 / a2: token r's k-step words (dims base, base + 2: the permutation qa uses), a1 / a3: token r + 8's.
+            uint32_t b0[D / 16][2], b8[D / 16][2];
+            P::template mma_b<D>(u + r * Gm::kCode, t4, b0);
+            P::template mma_b<D>(u + (8 + r) * Gm::kCode, t4, b8);
             float cc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ++ks) P::mma(cc, qa[ks][0], qa[ks][1], bf[ks][0], bf[ks][1]);
+            for (int ks = 0; ks < D / 16; ++ks)
+              P::mma_full(cc, b0[ks][0], b8[ks][0], b0[ks][1], b8[ks][1], qa[ks][0], qa[ks][1]);
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const int tok = 8 * nt + 2 * t4 + i;
-              sc[st][2 * nt + i] = r < GMAX && tok < valid ? cc[i] * qs : -INFINITY;
+            for (int i = 0; i < 4; ++i)
+              sc[st][i] = head_of(i) < GMAX && tok_of(i) < valid ? cc[i] * qs : -INFINITY;
+          } else {
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              uint32_t bf[D / 16][2];
+              P::template mma_b<D>(u + (8 * nt + r) * Gm::kCode, t4, bf);
+              float cc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+              for (int ks = 0; ks < D / 16; ++ks) P::mma(cc, qa[ks][0], qa[ks][1], bf[ks][0], bf[ks][1]);
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const int tok = 8 * nt + 2 * t4 + i;
+                sc[st][2 * nt + i] = r < GMAX && tok < valid ? cc[i] * qs : -INFINITY;
+              }
             }
           }
           release_unit();
@@ -708,7 +734,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
 #pragma unroll
       for (int j = 0; j < kHeadsPer; ++j) {
 #pragma unroll
-        for (int off = 1; off < 4; off *= 2) mw[j] = fmaxf(mw[j], __shfl_xor_sync(0xffffffffu, mw[j], off));
+        for (int off = kRedFirst; off < kRedEnd; off *= 2) mw[j] = fmaxf(mw[j], __shfl_xor_sync(0xffffffffu, mw[j], off));
         mref[j] = mw[j] == -INFINITY ? 0.f : mw[j];  // only masked tokens: all weights 0
       }
 #pragma unroll
@@ -722,7 +748,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
 #pragma unroll
       for (int j = 0; j < kHeadsPer; ++j) {
 #pragma unroll
-        for (int off = 1; off < 4; off *= 2) lw[j] += __shfl_xor_sync(0xffffffffu, lw[j], off);
+        for (int off = kRedFirst; off < kRedEnd; off *= 2) lw[j] += __shfl_xor_sync(0xffffffffu, lw[j], off);
       }
       __syncwarp();
       // P.V on tensor cores, swap-AB (as the CTA-tile loop below): O^T += V^T . P^T, 16 tokens per mma k-step.
@@ -772,7 +798,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc2[mt][i] = 0.f;
       }
-      if (t4 == 0 && r < GMAX) wml_s[warp][r] = make_float2(mw[0], lw[0]);
+      if constexpr (kSwapK) {
+#pragma unroll
+        for (int j = 0; j < kHeadsPer; ++j)
+          if (r == 0 && head_of(j) < GMAX) wml_s[warp][head_of(j)] = make_float2(mw[j], lw[j]);
+      } else if (t4 == 0 && r < GMAX) {
+        wml_s[warp][r] = make_float2(mw[0], lw[0]);
+      }
       __syncthreads();
       const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
       for (int i = tid; i < p.group * D; i += kThreads) {
