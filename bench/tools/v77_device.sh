@@ -4,6 +4,8 @@
 # 2026-12-07 without a GPU) built beside the default one: its tests, then the A/B of the two builds. Files in $OUT:
 # sanitizer.log, tests_bulk.log, ab_bulk.json / .txt, registers_bulk.txt, log.txt.
 #   LIMIT_S=480 bash bench/tools/v77_device.sh
+# Ran 2026-12-07 21:52 (H100; bench/NOTES.md "v77 + v78: the outcome"). KVPACK_LEAN_BULK was then removed from the
+# source (not kept); to rerun its part, apply bench/results/logs/v77_lean_bulk_not_kept.patch first.
 source "$(dirname "$0")/device_env.sh" /tmp/v77_out /tmp/v77_work 480
 (cmake -S . -B build-bulk -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
    -DCMAKE_CUDA_FLAGS=-DKVPACK_LEAN_BULK > "$W/bulk_build.log" 2>&1 &&

@@ -26,7 +26,6 @@
 #include <cstdlib>
 #include <cuda_fp8.h>
 
-#include "bulk_copy.cuh"
 #include "decode_internal.cuh"
 #include "kvpack/block/q_lanes.h"
 #include "lean_stamps.cuh"
@@ -124,11 +123,6 @@ static_assert(KVPACK_LEAN_LAZY >= 0 && KVPACK_LEAN_LAZY <= 6, "p tau_V <= 2^LAZY
 #ifndef KVPACK_LEAN_VROWS
 #define KVPACK_LEAN_VROWS 0
 #endif
-// KVPACK_LEAN_BULK (build option, default 0; prepared 2026-12-07, unmeasured): the q formats' ring filled by bulk
-// copies of whole units (see lean_kernel). -DKVPACK_LEAN_BULK builds it.
-#ifndef KVPACK_LEAN_BULK
-#define KVPACK_LEAN_BULK 0
-#endif
 // v67 (measurement): fp8 on the lean kernel with the q formats' lazy leaf max and its vote (v57, v57b; a new
 // numerical definition for lean fp8, math-equal to the old one: p = 2^(s - m) <= 2^LAZY, and p x |v| <= 2^LAZY x 448
 // fits f16), the scores' masks only on steps that hold masked tokens (v58; same bits), and the scores' two HMMA chains
@@ -167,9 +161,6 @@ struct LeanGeo {
   static constexpr size_t kAccOffset = kRingBytes + kTauBytes;  // 16-byte aligned: stages are whole 16-byte copies
   static constexpr size_t kGroupOffset = kAccOffset + kLeanWarps * kAccBytes;  // 16-byte aligned
   static constexpr size_t kSmem = kGroupOffset + kLeanWarps * kGroupBytes;
-  // KVPACK_LEAN_BULK (q formats, sm_90; measurement): each warp's ring slots' mbarriers, after kSmem, in launches
-  // with the bulk copies only (so the default launches keep kSmem and their occupancy).
-  static constexpr size_t kBarBytes = size_t(kLeanWarps) * kStages * sizeof(uint64_t);
   static_assert(kUnitBytes % 16 == 0, "a unit is whole 16-byte copies");
   static_assert(kWordMajor || kStageBytes % (32 * 16) == 0, "fp8, q4: a step is whole 16-byte copies of every lane");
   static_assert(size_t(kLeafVals) * 32 * 4 <= size_t(kStages) * kStageBytes, "a leaf fits a warp's ring");
@@ -448,18 +439,6 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I == LeanInst::kLeafOnly || I
   // piece 2 (k / 2) + col / 4 (col = lane % 8): the lane-dependent part of that slot address, relative to `ring`.
   const bool krows = (rows & 1) != 0;
   const bool vrows = (rows & 2) != 0;
-  // KVPACK_LEAN_BULK (a build option; q formats on sm_90; prepared 2026-12-07, not yet run on a GPU): a step's 4
-  // units (K and V of two 16-token units, each Geo::kUnitBytes contiguous in the page and in the ring) as 4 bulk
-  // copies (TMA) issued by lane 0 on the slot's mbarrier, instead of 32 lanes' 16-byte cp.async pieces; every lane
-  // waits on the mbarrier. The ring's bytes are the same, so are the bits. A build option, not a runtime switch: the
-  // branch alone made the default general instance spill (40-52 bytes at sm_90a).
-  constexpr bool bulk = KVPACK_LEAN_BULK != 0 && kLaneQ && KVPACK_DECODE_BULK != 0;
-  uint64_t* const wbar = reinterpret_cast<uint64_t*>(smem + Geo::kSmem) + warp * kLeanStages;
-  uint32_t wphase = 0;  // bit s: the parity slot s's next wait expects
-  if constexpr (bulk) {
-    if (lane < kLeanStages) mbar_init(&wbar[lane], 1);
-    __syncwarp();
-  }
   const int krows_col = lane % 8;
   const uint32_t krows_dst =
       uint32_t(((krows_col / 4) * 32 + (lane / 8) * 4 + krows_col % 4) * 16) - uint32_t(lane * 16);
@@ -504,22 +483,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I == LeanInst::kLeafOnly || I
         unit_k = k_head + int64_t{page} * page_stride + (tu & (p.page_size - 1)) * kTokBytes;
       }
       const uint32_t st = ring + slot_i * kLeanStageBytes;
-      if constexpr (bulk)
-        if (lane == 0) mbar_arrive_expect_tx(&wbar[slot_i], 4 * Geo::kUnitBytes);
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const unsigned long long kb_bits = reinterpret_cast<uintptr_t>(unit_k);
         const uint8_t* kb = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, kb_bits, 2 * is + u));
         if constexpr (kLaneQ) {
-          if constexpr (bulk) {
-            if (lane == 0) {
-              uint8_t* const dst = smem + (st - lane * 16 - static_cast<uint32_t>(__cvta_generic_to_shared(smem))) +
-                                   u * 2 * Geo::kUnitBytes;
-              bulk_copy(dst, kb, Geo::kUnitBytes, &wbar[slot_i]);
-              bulk_copy(dst + Geo::kUnitBytes, kb + vk_delta, Geo::kUnitBytes, &wbar[slot_i]);
-            }
-            continue;
-          }
           // Lane layout: a unit's bytes land in the ring as they are in the page (K unit, then V unit), lane-strided
           // 16-byte copies (q4: each lane's own pieces; q3, q3.5: read word-major by every lane, hence their __syncwarp).
           // Tokens past the sequence's end are read as they are (codes are always finite; their scores are masked,
@@ -854,15 +822,10 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I == LeanInst::kLeafOnly || I
     if (cc >= n_chunks || t0 >= len32) break;
     // Lanes that read each other's copies (q3, q3.5; fp8 with KVPACK_LEAN_KROWS or KVPACK_LEAN_VROWS): every lane has
     // read the slot the next copies refill, and (after the wait) the other lanes' copies have landed.
-    const bool shared_slots = Geo::kWordMajor || bulk || rows != 0;
+    const bool shared_slots = Geo::kWordMajor || rows != 0;
     if (shared_slots) __syncwarp();
     issue();
-    if constexpr (bulk) {
-      mbar_wait(&wbar[slot_c], (wphase >> slot_c) & 1u);
-      wphase ^= 1u << slot_c;
-    } else {
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(kLeanStages - 1));
-    }
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kLeanStages - 1));
     if (shared_slots) __syncwarp();
     const uint32_t st = ring + slot_c * kLeanStageBytes;
     const uint32_t st_base = st - lane * 16;  // the stage's first byte (q: units [u][K|V])
@@ -1725,8 +1688,6 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
                                       (mix / kLeanWarps + std::max(0, kp.max_chunks - mix))),
                 1);
   // The copy layout (fp8): bit 0 K by rows, bit 1 V by rows (KVPACK_LEAN_KROWS, KVPACK_LEAN_VROWS; measurement).
-  // A KVPACK_LEAN_BULK build's q-format launches on sm_90 add the ring's mbarriers to the shared memory.
-  const bool bulk = KVPACK_LEAN_BULK != 0 && B2 != 0 && device_cc_major() >= 9;
   static const int rows = (env_int("KVPACK_LEAN_KROWS", 0) != 0 ? 1 : 0) |
                           (env_int("KVPACK_LEAN_VROWS", KVPACK_LEAN_VROWS) != 0 ? 2 : 0);
   // KVPACK_LEAN_ONLY (measurement only: the output is then wrong): a mask of the kernels launched, 1 = the query
@@ -1788,15 +1749,8 @@ inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t st
   int occ = 0;  // the instance's CTAs per SM (lean_last_launch)
   auto go = [&]<LeanInst J>() {
     occ = lean_prepare<D, B2, J>();
-    size_t smem_bytes = LeanGeo<D, B2, J>::kSmem;
-    if (bulk) {
-      static const int bulk_ok = kernel_opt_in(lean_kernel<D, B2, J>, kLeanWarps * 32,
-                                               LeanGeo<D, B2, J>::kSmem + LeanGeo<D, B2, J>::kBarBytes);
-      (void)bulk_ok;
-      smem_bytes += LeanGeo<D, B2, J>::kBarBytes;
-    }
     if (only & 2)
-      lean_launch(lean_kernel<D, B2, J>, grid, kLeanWarps * 32, smem_bytes, stream, pdl && B2 != 0, kq,
+      lean_launch(lean_kernel<D, B2, J>, grid, kLeanWarps * 32, LeanGeo<D, B2, J>::kSmem, stream, pdl && B2 != 0, kq,
                   lean_splits_run, rows, mix);
   };
   if constexpr (B2 != 0) {
