@@ -4,7 +4,7 @@
 # -DKVPACK_PIPE_SWAP_K=0). The new build's GPU tests for bf16 and fp8 (random shapes against fp64, 128k, bitwise
 # identity across plans, graph replay), memcheck and racecheck of the bitwise test on fp8, then the A/B of the two
 # builds, 3 rounds (fp8 at 8q/1kv runs the lean kernel: the control). Files in $OUT: tests.log, sanitizer.log,
-# ab_swap.json / .txt, log.txt.
+# ncu_fp8_swap.txt, ab_swap.json / .txt, log.txt.
 #   LIMIT_S=420 bash bench/tools/v79_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v79_out /tmp/v79_work 420
 (cmake -S . -B build-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
@@ -25,6 +25,10 @@ s=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     echo "rc=$?"
   done; } > "$OUT/sanitizer.log" 2>&1
 stamp "sanitizers"
+# The new kernel's profile at v78's cell (compare logs/20261207T2156_v78_ncu_fp8_regular_h100.txt on an H100).
+NCU_TIMEOUT=60 ncu_one "$OUT/ncu_fp8_swap.txt" decode_kernel "--formats fp8 --shapes 32/8/128 --batch 32 --context 128k" \
+  --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section InstructionStats
+stamp "ncu"
 wait $basepid; stamp "base build rc=$?"
 if [ -x ./build-base/kvpack ]; then
   GRID="--formats fp8,bf16 --shapes 32/8/128,8/1/128 --batch 1,8,32,64 --context 32768,131072 --iters 20"
@@ -36,6 +40,7 @@ fi
   echo "== registers (decode_kernel)"; cat "$OUT/registers.txt"
   echo "== tests (bf16, fp8)"; test_outcomes "$OUT/tests.log"
   echo "== sanitizers"; grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|rc=|OK \]|FAILED" "$OUT/sanitizer.log"
+  echo "== ncu fp8 (swap-AB)"; grep -E "Duration|DRAM Throughput|Issued Warp Per Scheduler|No Eligible|Active Warps Per|Eligible Warps|Executed Instructions  " "$OUT/ncu_fp8_swap.txt"
   echo "== A/B swap-AB scores"; cat "$OUT/ab_ab_swap.txt" 2>/dev/null; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
 stamp "done"
