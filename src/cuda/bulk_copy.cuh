@@ -32,6 +32,12 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 #endif
 }
+// A plain arrival (release at CTA scope: the thread's earlier shared-memory writes are visible to the waiter).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if KVPACK_DECODE_BULK
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if KVPACK_DECODE_BULK
   uint32_t done = 0;
