@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# One device call (bench/NOTES.md v80): the warp pipeline's per-chunk merge without CTA barriers
-# (KVPACK_PIPE_ASYNC_MERGE=1, the default in this tree; bf16 / fp8 regular kernel) against v79's two __syncthreads
-# per chunk (a second build with -DKVPACK_PIPE_ASYNC_MERGE=0). The new build's bf16 / fp8 GPU tests, memcheck and
-# racecheck (the new synchronisation is mbarrier-based), then the A/B, 3 rounds (fp8 at 8q/1kv runs the lean kernel:
-# the control). Files in $OUT: tests.log, sanitizer.log, ab_amerge.json / .txt, log.txt.
-#   LIMIT_S=200 bash bench/tools/v80_device.sh
-source "$(dirname "$0")/device_env.sh" /tmp/v80_out /tmp/v80_work 200
-(cmake -S . -B build-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-   -DCMAKE_CUDA_FLAGS=-DKVPACK_PIPE_ASYNC_MERGE=0 > "$W/base_build.log" 2>&1 &&
- cmake --build build-base -j6 --target kvpack_cli >> "$W/base_build.log" 2>&1) &
-basepid=$!
-build_device kvpack_cli kvpack_gpu_tests
-T=./build-device/kvpack_gpu_tests
+# One device call (bench/NOTES.md v80; prepared 2026-12-07, not yet run): the warp pipeline's per-chunk merge
+# without CTA barriers (bf16 / fp8 regular kernel), built with -DKVPACK_PIPE_ASYNC_MERGE=1 into build-amerge beside
+# the default build (v79's two __syncthreads per chunk). The new build's bf16 / fp8 GPU tests, memcheck and racecheck
+# (the new synchronisation is mbarrier-based), then the A/B of the two builds, 3 rounds (fp8 at 8q/1kv runs the lean
+# kernel: the control). Files in $OUT: tests.log, sanitizer.log, ab_amerge.json / .txt, log.txt.
+#   LIMIT_S=240 bash bench/tools/v80_device.sh
+source "$(dirname "$0")/device_env.sh" /tmp/v80_out /tmp/v80_work 240
+(cmake -S . -B build-amerge -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
+   -DCMAKE_CUDA_FLAGS=-DKVPACK_PIPE_ASYNC_MERGE=1 > "$W/amerge_build.log" 2>&1 &&
+ cmake --build build-amerge -j8 --target kvpack_cli kvpack_gpu_tests >> "$W/amerge_build.log" 2>&1) &
+apid=$!
+build_device kvpack_cli
+wait $apid; stamp "amerge build rc=$?"
+[ -x ./build-amerge/kvpack_gpu_tests ] || { tail -30 "$W/amerge_build.log" > "$OUT/amerge_build_tail.log"; exit 1; }
+T=./build-amerge/kvpack_gpu_tests
 gpu_tests tests 90 'DecodeGpu.RandomShapes*:DecodeGpu.LongContext*:DecodeGpu.Bitwise*:DecodeGpu.GraphCapture*:DecodeGpu.Empty*' \
   KVPACK_TEST_FORMATS=bf16,fp8
 cp "$W/tests.log" "$OUT/"
@@ -23,15 +25,10 @@ s=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     echo "rc=$?"
   done; done; } > "$OUT/sanitizer.log" 2>&1
 stamp "sanitizers"
-wait $basepid; stamp "base build rc=$?"
-if [ -x ./build-base/kvpack ]; then
-  GRID="--formats fp8,bf16 --shapes 32/8/128,8/1/128 --batch 1,8,32,64 --context 32768,131072 --iters 20"
-  [ "$(left)" -gt 20 ] && bench_ab "$W/ab_amerge" 3 base=./build-base/kvpack amerge=./build-device/kvpack
-else
-  tail -30 "$W/base_build.log" > "$OUT/base_build_tail.log"
-fi
+GRID="--formats fp8,bf16 --shapes 32/8/128,8/1/128 --batch 1,8,32,64 --context 32768,131072 --iters 20"
+[ "$(left)" -gt 20 ] && bench_ab "$W/ab_amerge" 3 base=./build-device/kvpack amerge=./build-amerge/kvpack
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
-  echo "== tests (bf16, fp8)"; test_outcomes "$OUT/tests.log"
+  echo "== tests (bf16, fp8; async merge)"; test_outcomes "$OUT/tests.log"
   echo "== sanitizers"; grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|rc=|OK \]|FAILED" "$OUT/sanitizer.log"
   echo "== A/B async merge"; cat "$OUT/ab_ab_amerge.txt" 2>/dev/null; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"

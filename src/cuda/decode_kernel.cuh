@@ -83,9 +83,10 @@ constexpr int kMaxDepth = 16;
 // mbarrier once its warp's partial is in shared memory; one warp (chunk index mod 8, rotating) waits for all 256
 // arrivals, merges (the same arithmetic in the same warp order: the same bits) and stores the chunk's partial, then
 // arrives on a second mbarrier that a warp waits on before it overwrites its partial at the next chunk. The other 7
-// warps go straight on to the next chunk. 0 = v17-v79's two __syncthreads per chunk.
+// warps go straight on to the next chunk. 0 (the default until a GPU has run its tests, sanitizers and A/B:
+// bench/tools/v80_device.sh) = v17-v79's two __syncthreads per chunk.
 #ifndef KVPACK_PIPE_ASYNC_MERGE
-#define KVPACK_PIPE_ASYNC_MERGE 1
+#define KVPACK_PIPE_ASYNC_MERGE 0
 #endif
 template <class P>
 inline constexpr bool kWarpPipeFormat = P::kMmaK && P::kMmaV;
@@ -700,7 +701,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     // Lanes holding the same heads (other tokens): the t4 quad, or (swap-AB) the 8 rows.
     constexpr int kRedFirst = kSwapK ? 4 : 1, kRedEnd = kSwapK ? 32 : 4;
 
-    for (int c = split, ci = 0; c < n_chunks; c += p.num_splits, ++ci) {
+    for (int c = split; c < n_chunks; c += p.num_splits) {
       const int chunk0 = c * kChunkTokens;
       const int nst = wsteps(c);
       float sc[kSteps][4];
@@ -804,7 +805,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       }
       // The warp's partial to shared memory, then the chunk's partial = the warps merged in order.
       // KVPACK_PIPE_ASYNC_MERGE: before this warp overwrites its partial, the previous chunk's merge has read it.
-      if (kAsyncMerge && ci > 0) mbar_wait(&merge_bar_s[1], (ci - 1) & 1);
+      // ci: this chunk's index in the CTA's sequence of chunks (the same for every warp).
+      if constexpr (kAsyncMerge) {
+        const int ci = (c - split) / p.num_splits;
+        if (ci > 0) mbar_wait(&merge_bar_s[1], (ci - 1) & 1);
+      }
 #pragma unroll
       for (int mt = 0; mt < D / 16; ++mt) {
         const int d = r * (D / 8) + 2 * mt;
@@ -827,31 +832,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       } else if (t4 == 0 && r < GMAX) {
         wml_s[warp][r] = make_float2(mw[0], lw[0]);
       }
-      const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
-      // The chunk's partial = the 8 warps' merged in warp order, elements i0, i0 + stride, ... of [group][D].
-      auto merge_warps = [&](int i0, int stride) {
-        for (int i = i0; i < p.group * D; i += stride) {
-          const int g = i / D, d = i % D;
-          float m = -INFINITY;
-#pragma unroll
-          for (int w2 = 0; w2 < kWarps; ++w2) m = fmaxf(m, wml_s[w2][g].x);
-          const float mr = m == -INFINITY ? 0.f : m;
-          float a = 0.f, l = 0.f;
-#pragma unroll
-          for (int w2 = 0; w2 < kWarps; ++w2) {
-            const float f = exp2f(wml_s[w2][g].x - mr);
-            a = fmaf(red_s[(w2 * GMAX + g) * D + d], f, a);
-            l = fmaf(wml_s[w2][g].y, f, l);
-          }
-          p.ws_acc[base * p.group * D + i] = a;
-          if (d == 0) p.ws_ml[base * p.group + g] = make_float2(m, l);
-        }
-      };
       if constexpr (kAsyncMerge) {
+        const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
+        const int ci = (c - split) / p.num_splits;
         mbar_arrive(&merge_bar_s[0]);
         if (warp == ci % kWarps) {
           mbar_wait(&merge_bar_s[0], ci & 1);
-          // merge_warps' arithmetic with each head's weights computed once per lane instead of once per element.
+          // The arithmetic of the barrier path below, each head's weights computed once per lane, not per element.
           for (int g = 0; g < p.group; ++g) {
             float m = -INFINITY;
 #pragma unroll
@@ -876,7 +863,23 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         }
       } else {
         __syncthreads();
-        merge_warps(tid, kThreads);
+        const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
+        for (int i = tid; i < p.group * D; i += kThreads) {
+          const int g = i / D, d = i % D;
+          float m = -INFINITY;
+#pragma unroll
+          for (int w2 = 0; w2 < kWarps; ++w2) m = fmaxf(m, wml_s[w2][g].x);
+          const float mr = m == -INFINITY ? 0.f : m;
+          float a = 0.f, l = 0.f;
+#pragma unroll
+          for (int w2 = 0; w2 < kWarps; ++w2) {
+            const float f = exp2f(wml_s[w2][g].x - mr);
+            a = fmaf(red_s[(w2 * GMAX + g) * D + d], f, a);
+            l = fmaf(wml_s[w2][g].y, f, l);
+          }
+          p.ws_acc[base * p.group * D + i] = a;
+          if (d == 0) p.ws_ml[base * p.group + g] = make_float2(m, l);
+        }
         __syncthreads();
       }
     }
