@@ -549,6 +549,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
   [[maybe_unused]] float qreg[P::kMmaK ? 1 : GMAX][8];
   // Tensor-core scores (kMmaK): A = the raw bf16 query (exact; 16 rows = heads, rows >= 8 zero), its columns
   // permuted like the format's B fragments (mma_dim_base); the softmax scale multiplies the fp32 score afterwards.
+  // The same registers are head r's B fragment (k rows 2 t4.., column r) for the warp pipeline's swap-AB scores (v79).
   [[maybe_unused]] uint32_t qa[P::kMmaK ? D / 16 : 1][2];
   if constexpr (P::kMmaK) {
     const int r = lane >> 2, t4 = lane & 3;
