@@ -40,16 +40,17 @@ start_base_build() {
      >> "$W/base_build.log" 2>&1) &
   basepid=$!
 }
-# start_stamps_build [MACRO DIR JOBS]: a measurement build of kvpack_cli in the background, compiled with -DMACRO into
+# start_stamps_build [MACRO DIR JOBS [TARGETS]]: a measurement build of kvpack_cli (or TARGETS, a space-separated
+# list) in the background, compiled with -DMACRO into
 # DIR (log: $W/<DIR without "build-">_build.log); sets stampspid. Default: the lean path's phase clocks
 # (KVPACK_LEAN_STAMPS, bench/NOTES.md v47) into build-stamps with 4 jobs; the small q write's are KVPACK_WRITE_STAMPS
 # into build-wstamps (v62; write_stamps_run below).
 start_stamps_build() {
-  local macro=${1:-KVPACK_LEAN_STAMPS} dir=${2:-build-stamps} jobs=${3:-4}
+  local macro=${1:-KVPACK_LEAN_STAMPS} dir=${2:-build-stamps} jobs=${3:-4} targets=${4:-kvpack_cli}
   local log="$W/${dir#build-}_build.log"
   (cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
      -DCMAKE_CUDA_FLAGS=-D"$macro" > "$log" 2>&1 && cmake --build "$dir" -j"$jobs" \
-     --target kvpack_cli >> "$log" 2>&1) &
+     --target $targets >> "$log" 2>&1) &
   stampspid=$!
 }
 # write_stamps_run: after `start_stamps_build KVPACK_WRITE_STAMPS build-wstamps`, the small q write's phase clocks
@@ -176,6 +177,19 @@ memcheck_small() {
   { echo "== memcheck"; timeout $(( $(left) - 10 )) $s --tool memcheck --error-exitcode 9 $T --gtest_filter="$1"
     echo "rc=$?"; } > "$W/sanitizer.log" 2>&1
   stamp "sanitizer"
+}
+# sanitize_formats FILE SECONDS FILTER FORMAT...: compute-sanitizer memcheck then racecheck of the GPU tests ($T)
+# matching FILTER, once per format (KVPACK_TEST_FORMATS), each run within SECONDS, into FILE.
+sanitize_formats() {
+  local file=$1 secs=$2 filter=$3 s f tool
+  shift 3
+  s=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  { for f in "$@"; do for tool in memcheck racecheck; do
+      echo "== $tool $f"
+      KVPACK_TEST_FORMATS=$f timeout "$secs" $s --tool $tool --error-exitcode 9 $T --gtest_filter="$filter"
+      echo "rc=$?"
+    done; done; } > "$file" 2>&1
+  stamp "sanitizers"
 }
 # test_outcomes FILE: a gtest log's outcome lines (passed / failed tests, failures, errors).
 test_outcomes() {

@@ -7,19 +7,11 @@
 # Ran 2026-12-07 21:52 (H100; bench/NOTES.md "v77 + v78: the outcome"). KVPACK_LEAN_BULK was then removed from the
 # source (not kept); to rerun its part, apply bench/results/logs/v77_lean_bulk_not_kept.patch first.
 source "$(dirname "$0")/device_env.sh" /tmp/v77_out /tmp/v77_work 480
-(cmake -S . -B build-bulk -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-   -DCMAKE_CUDA_FLAGS=-DKVPACK_LEAN_BULK > "$W/bulk_build.log" 2>&1 &&
- cmake --build build-bulk -j8 --target kvpack_cli kvpack_gpu_tests >> "$W/bulk_build.log" 2>&1) &
-bulkpid=$!
+start_stamps_build KVPACK_LEAN_BULK build-bulk 8 "kvpack_cli kvpack_gpu_tests"
+bulkpid=$stampspid
 build_device kvpack_cli kvpack_gpu_tests
 T=./build-device/kvpack_gpu_tests
-s=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-{ for tool in memcheck racecheck; do
-    echo "== $tool"
-    KVPACK_TEST_FORMATS=q4 timeout 80 $s --tool $tool --error-exitcode 9 $T --gtest_filter='DecodeGpu.LeanGroupFold*'
-    echo "rc=$?"
-  done; } > "$OUT/sanitizer.log" 2>&1
-stamp "sanitizers"
+sanitize_formats "$OUT/sanitizer.log" 80 'DecodeGpu.LeanGroupFold*' q4
 wait $bulkpid; stamp "bulk build rc=$?"
 grep -E "lean_kernel" -A2 "$W/bulk_build.log" | grep -E "registers|spill" | sort | uniq -c > "$OUT/registers_bulk.txt"
 if [ -x ./build-bulk/kvpack_gpu_tests ]; then

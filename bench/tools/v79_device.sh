@@ -7,10 +7,8 @@
 # ncu_fp8_swap.txt, ab_swap.json / .txt, log.txt.
 #   LIMIT_S=420 bash bench/tools/v79_device.sh        (SKIP_TESTS=1: build, ncu and A/B only)
 source "$(dirname "$0")/device_env.sh" /tmp/v79_out /tmp/v79_work 420
-(cmake -S . -B build-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-   -DCMAKE_CUDA_FLAGS=-DKVPACK_PIPE_SWAP_K=0 > "$W/base_build.log" 2>&1 &&
- cmake --build build-base -j6 --target kvpack_cli >> "$W/base_build.log" 2>&1) &
-basepid=$!
+start_stamps_build KVPACK_PIPE_SWAP_K=0 build-base 6
+basepid=$stampspid
 build_device kvpack_cli kvpack_gpu_tests
 grep -E "decode_kernel" -A2 "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c > "$OUT/registers.txt"
 T=./build-device/kvpack_gpu_tests
@@ -18,14 +16,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: the A/B (and ncu) only, e.g. 
 gpu_tests tests 150 'DecodeGpu.RandomShapes*:DecodeGpu.LongContext*:DecodeGpu.Bitwise*:DecodeGpu.GraphCapture*:DecodeGpu.Empty*:DecodeStepGpu.*' \
   KVPACK_TEST_FORMATS=bf16,fp8
 cp "$W/tests.log" "$OUT/"
-s=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-{ for tool in memcheck racecheck; do
-    echo "== $tool"
-    KVPACK_TEST_FORMATS=fp8 timeout 70 $s --tool $tool --error-exitcode 9 $T \
-      --gtest_filter='DecodeGpu.BitwiseIdenticalAcrossPlansBatchOrderAndRuns'
-    echo "rc=$?"
-  done; } > "$OUT/sanitizer.log" 2>&1
-stamp "sanitizers"
+sanitize_formats "$OUT/sanitizer.log" 70 'DecodeGpu.BitwiseIdenticalAcrossPlansBatchOrderAndRuns' fp8
 fi
 # The new kernel's profile at v78's cell (compare logs/20261207T2156_v78_ncu_fp8_regular_h100.txt on an H100).
 NCU_TIMEOUT=60 ncu_one "$OUT/ncu_fp8_swap.txt" decode_kernel "--formats fp8 --shapes 32/8/128 --batch 32 --context 128k" \

@@ -6,10 +6,8 @@
 # kernel: the control). Files in $OUT: tests.log, sanitizer.log, ab_amerge.json / .txt, log.txt.
 #   LIMIT_S=240 bash bench/tools/v80_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v80_out /tmp/v80_work 240
-(cmake -S . -B build-amerge -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPACK_GPU_ONLY=ON -DKVPACK_CUDA_ARCHS=90a-real \
-   -DCMAKE_CUDA_FLAGS=-DKVPACK_PIPE_ASYNC_MERGE=1 > "$W/amerge_build.log" 2>&1 &&
- cmake --build build-amerge -j8 --target kvpack_cli kvpack_gpu_tests >> "$W/amerge_build.log" 2>&1) &
-apid=$!
+start_stamps_build KVPACK_PIPE_ASYNC_MERGE=1 build-amerge 8 "kvpack_cli kvpack_gpu_tests"
+apid=$stampspid
 build_device kvpack_cli
 wait $apid; stamp "amerge build rc=$?"
 [ -x ./build-amerge/kvpack_gpu_tests ] || { tail -30 "$W/amerge_build.log" > "$OUT/amerge_build_tail.log"; exit 1; }
@@ -17,14 +15,7 @@ T=./build-amerge/kvpack_gpu_tests
 gpu_tests tests 90 'DecodeGpu.RandomShapes*:DecodeGpu.LongContext*:DecodeGpu.Bitwise*:DecodeGpu.GraphCapture*:DecodeGpu.Empty*' \
   KVPACK_TEST_FORMATS=bf16,fp8
 cp "$W/tests.log" "$OUT/"
-s=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-{ for f in fp8 bf16; do for tool in memcheck racecheck; do
-    echo "== $tool $f"
-    KVPACK_TEST_FORMATS=$f timeout 40 $s --tool $tool --error-exitcode 9 $T \
-      --gtest_filter='DecodeGpu.RandomShapesVsFp64Reference:DecodeGpu.GraphCapture*'
-    echo "rc=$?"
-  done; done; } > "$OUT/sanitizer.log" 2>&1
-stamp "sanitizers"
+sanitize_formats "$OUT/sanitizer.log" 40 'DecodeGpu.RandomShapesVsFp64Reference:DecodeGpu.GraphCapture*' fp8 bf16
 GRID="--formats fp8,bf16 --shapes 32/8/128,8/1/128 --batch 1,8,32,64 --context 32768,131072 --iters 20"
 [ "$(left)" -gt 20 ] && bench_ab "$W/ab_amerge" 3 base=./build-device/kvpack amerge=./build-amerge/kvpack
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
