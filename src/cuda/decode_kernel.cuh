@@ -113,6 +113,12 @@ struct DecodeKernelParams {
   int* fold_sem;   // [batch][num_kv_heads][max_groups] fold-group arrival counters, reset by the group's folder
   uint32_t* ws_qh;  // [batch][num_kv_heads][32 lanes][D / 8] q4 / q3.5 / q3: the lean kernel's prepared query fragments
   float4* ws_qc;    // [batch][num_kv_heads][8 heads] q4 / q3.5 / q3: (2^-E, q'.o, q.mu, 0) per head of the group
+  // [batch][num_kv_heads] q4 / q3.5 / q3 (KVPACK_LEAN_QREADY, bench/NOTES.md v81): each preparation CTA of a (sequence,
+  // kv head) adds 1 (release) once its part of ws_qh / ws_qc is stored; the lean kernel's warps wait (acquire) for
+  // q_ready_count instead of griddepcontrol.wait, and the merge subtracts q_ready_count again (graph-safe: 0 between
+  // launches). q_ready_count 0: off (griddepcontrol.wait, as before; decode_step).
+  int* q_ready;
+  int q_ready_count;
   int32_t* status;
   int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks, max_groups;
   int leaf;  // DecodePlan::leaf (the lean kernel's mode; -1: the launcher's rule)
