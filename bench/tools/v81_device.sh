@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call (bench/NOTES.md v81; prepared 2026-12-07, not yet run): the q formats' lean warps wait for their
+# One device call (bench/NOTES.md v81; run 2026-12-08 on an H100, not kept: the switch is gone from the source;
+# apply bench/results/logs/v81_lean_qready_not_kept.patch to rerun): the q formats' lean warps wait for their
 # own (sequence, kv head)'s query preparation through a ready counter in the workspace (KVPACK_LEAN_QREADY=1, a
 # runtime switch, default 0) instead of griddepcontrol.wait on the whole preparation grid. The default build, the q
 # formats' GPU tests with the switch on (random shapes vs fp64, bitwise identity across plans, graph replay,

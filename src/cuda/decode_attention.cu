@@ -42,9 +42,9 @@ size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 // The workspace, one layout for its size and its pointers: chunk partials (acc, then (m, l)), the per-(sequence,
 // kv head) arrival counters, the per-fold-group counters, then the lean q kernels' prepared queries (fragments, head
-// constants: 8 padded heads per (sequence, kv head)) and their per-(sequence, kv head) ready counters.
+// constants: 8 padded heads per (sequence, kv head)).
 struct WorkspaceLayout {
-  size_t ml_off, sem_off, fold_sem_off, qh_off, qc_off, qr_off, bytes;
+  size_t ml_off, sem_off, fold_sem_off, qh_off, qc_off, bytes;
   int max_groups;
 };
 WorkspaceLayout workspace_layout(const DecodeShape& s, int batch, int max_chunks) {
@@ -57,8 +57,7 @@ WorkspaceLayout workspace_layout(const DecodeShape& s, int batch, int max_chunks
   w.fold_sem_off = w.sem_off + align256(size_t(batch) * s.num_kv_heads * sizeof(int));
   w.qh_off = w.fold_sem_off + align256(size_t(batch) * s.num_kv_heads * w.max_groups * sizeof(int));
   w.qc_off = w.qh_off + align256(size_t(batch) * s.num_kv_heads * 8 * s.head_dim * sizeof(uint16_t));
-  w.qr_off = w.qc_off + align256(size_t(batch) * s.num_kv_heads * 8 * 4 * sizeof(float));
-  w.bytes = w.qr_off + align256(size_t(batch) * s.num_kv_heads * sizeof(int));
+  w.bytes = w.qc_off + align256(size_t(batch) * s.num_kv_heads * 8 * 4 * sizeof(float));
   return w;
 }
 }  // namespace
@@ -122,7 +121,6 @@ DecodeKernelParams decode_params(const DecodePlan& plan, const DecodeArgs& a, bo
   kp.max_groups = wl.max_groups;
   kp.ws_qh = reinterpret_cast<uint32_t*>(ws + wl.qh_off);
   kp.ws_qc = reinterpret_cast<float4*>(ws + wl.qc_off);
-  kp.q_ready = reinterpret_cast<int*>(ws + wl.qr_off);
 
   kp.sink_tokens = format_info(s.format).sink_tokens;
   kp.sink_rows = kp.sink_tokens > 0 ? a.sinks.rows : nullptr;

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <type_traits>
 
 #include "bulk_copy.cuh"
 #include "decode_internal.cuh"
@@ -83,10 +84,11 @@ constexpr int kMaxDepth = 16;
 // mbarrier once its warp's partial is in shared memory; one warp (chunk index mod 8, rotating) waits for all 256
 // arrivals, merges (the same arithmetic in the same warp order: the same bits) and stores the chunk's partial, then
 // arrives on a second mbarrier that a warp waits on before it overwrites its partial at the next chunk. The other 7
-// warps go straight on to the next chunk. 0 (the default until a GPU has run its tests, sanitizers and A/B:
-// bench/tools/v80_device.sh) = v17-v79's two __syncthreads per chunk.
+// warps go straight on to the next chunk. -1 (the default): bf16 only, where it measured 1.015-1.041x at 32q/8kv on
+// an H100; fp8 lost there at 128k (0.94-0.99x; bench/NOTES.md v80). 1: both formats, 0: neither (v17-v79's two
+// __syncthreads per chunk).
 #ifndef KVPACK_PIPE_ASYNC_MERGE
-#define KVPACK_PIPE_ASYNC_MERGE 0
+#define KVPACK_PIPE_ASYNC_MERGE -1
 #endif
 template <class P>
 inline constexpr bool kWarpPipeFormat = P::kMmaK && P::kMmaV;
@@ -113,12 +115,6 @@ struct DecodeKernelParams {
   int* fold_sem;   // [batch][num_kv_heads][max_groups] fold-group arrival counters, reset by the group's folder
   uint32_t* ws_qh;  // [batch][num_kv_heads][32 lanes][D / 8] q4 / q3.5 / q3: the lean kernel's prepared query fragments
   float4* ws_qc;    // [batch][num_kv_heads][8 heads] q4 / q3.5 / q3: (2^-E, q'.o, q.mu, 0) per head of the group
-  // [batch][num_kv_heads] q4 / q3.5 / q3 (KVPACK_LEAN_QREADY, bench/NOTES.md v81): each preparation CTA of a (sequence,
-  // kv head) adds 1 (release) once its part of ws_qh / ws_qc is stored; the lean kernel's warps wait (acquire) for
-  // q_ready_count instead of griddepcontrol.wait, and the merge subtracts q_ready_count again (graph-safe: 0 between
-  // launches). q_ready_count 0: off (griddepcontrol.wait, as before; decode_step).
-  int* q_ready;
-  int q_ready_count;
   int32_t* status;
   int num_qo_heads, num_kv_heads, group, page_size, page_shift, num_splits, stages, max_chunks, max_groups;
   int leaf;  // DecodePlan::leaf (the lean kernel's mode; -1: the launcher's rule)
@@ -603,7 +599,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     // KVPACK_PIPE_ASYNC_MERGE: merge_bar_s[0] "the chunk's 8 partials are in shared memory" (every thread arrives),
     // merge_bar_s[1] "the merge has read them" (the merging warp's 32 lanes arrive); one CTA barrier after their
     // initialisation.
-    constexpr bool kAsyncMerge = KVPACK_PIPE_ASYNC_MERGE != 0;
+    constexpr bool kAsyncMerge =
+        KVPACK_PIPE_ASYNC_MERGE > 0 || (KVPACK_PIPE_ASYNC_MERGE < 0 && std::is_same_v<P, Bf16Policy>);
     __shared__ alignas(8) uint64_t merge_bar_s[2];
     if constexpr (kAsyncMerge) {
       if (tid == 0) {

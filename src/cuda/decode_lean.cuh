@@ -216,20 +216,6 @@ __device__ __forceinline__ void lean_cp16(uint32_t dst, const void* src, bool va
 __device__ __forceinline__ void lean_cp16_full(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
-// KVPACK_LEAN_QREADY (v81): the preparation's per-(sequence, kv head) ready counter, added to with release and read
-// with acquire at GPU scope. The waiters are lean warps of a grid launched once every preparation CTA is resident (PDL
-// launch_dependents, or an ordinary launch behind the preparation), so the adds they wait for always come.
-__device__ __forceinline__ void lean_ready_add(int* f) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(f) : "memory");
-}
-__device__ __forceinline__ void lean_ready_wait(const int* f, int n) {
-  for (;;) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
-    if (v >= n) break;
-    __nanosleep(64);
-  }
-}
 __device__ __forceinline__ uint32_t lean_prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -811,18 +797,11 @@ __global__ void __launch_bounds__(kLeanWarps * 32, I == LeanInst::kLeafOnly || I
   for (int i = 0; i < kLeanStages - 1; ++i) issue();
   if constexpr (kLaneQ) {
     // The prepared query (lean_q_prep_kernel's fragment order: lane (g, q)'s 2 kKB words contiguous, then the 8
-    // heads' (2^-E, q'.o, q.mu)); with PDL this is the first read that depends on the prep kernel. KVPACK_LEAN_QREADY
-    // (v81): wait for this pair's preparation CTAs only (lane 0 acquires, the warp barrier orders the other lanes'
-    // loads after it), not for the whole preparation grid's completion and flush.
-    const int64_t bh = int64_t{b} * H + h;
-    if (p.q_ready_count > 0) {
-      if (lane == 0) lean_ready_wait(p.q_ready + bh, p.q_ready_count);
-      __syncwarp();
-    } else {
+    // heads' (2^-E, q'.o, q.mu)); with PDL this is the first read that depends on the prep kernel.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-    }
+    const int64_t bh = int64_t{b} * H + h;
     const uint4* qw = reinterpret_cast<const uint4*>(p.ws_qh + (bh * 32 + lane) * (2 * kKB));
 #pragma unroll
     for (int k = 0; k < kKB / 2; ++k) {
@@ -1317,13 +1296,6 @@ __global__ void __launch_bounds__(kLeanWarps * 32) lean_q_prep_kernel(const Deco
   // exited, copies the pages the write stores into: wait for the write's grid (and its memory) first.
   if (p.prep_after_write) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  // KVPACK_LEAN_QREADY (v81): this CTA's part of the pair's query is stored; publish it to the lean warps that wait
-  // for it (every thread's stores, then one release add: the pattern of a grid barrier's arrival).
-  if (p.q_ready_count > 0) {
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) lean_ready_add(p.q_ready + bh);
-  }
   KVPACK_STAMP(stamps[1]);
   if (tid == 0) KVPACK_STAMP_RECORD(kPrep, 0, p.table.pages, stamps, 2);
 }
@@ -1425,11 +1397,6 @@ __global__ void __launch_bounds__(S * kMergeSliceThreads) lean_merge_kernel(cons
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched with PDL: the lean grid's partials from here on
 #endif
-  // KVPACK_LEAN_QREADY (v81): every lean warp of this launch has passed its wait (the lean grid is complete), so the
-  // pair's ready counter goes back by what its preparation CTAs added (a subtraction, not a store of 0: a preparation
-  // CTA whose pair no lean warp waited for may add after this; the sum is 0 either way before the next launch's
-  // preparation, an ordinary launch behind this one, runs).
-  if (p.q_ready_count > 0 && hg == 0 && tid == 0) atomicSub(p.q_ready + (int64_t{b} * H + h), p.q_ready_count);
   KVPACK_STAMP(stamps[1]);
   const uint32_t acc_sa = static_cast<uint32_t>(__cvta_generic_to_shared(acc_s));
   float M = -INFINITY, L = 0.f, O[kCh];  // channels tid + e kThreads (M, L: the same for every channel)
@@ -1664,7 +1631,7 @@ inline void launch_lean_merge(int slices, dim3 grid, cudaStream_t stream, bool p
 }
 
 template <int D, int B2>
-inline void launch_lean(DecodeKernelParams kp, int batch, cudaStream_t stream) {
+inline void launch_lean(const DecodeKernelParams& kp, int batch, cudaStream_t stream) {
   lean_prepare<D, B2>();
   // Leaf mode: the plan's (DecodePlan::leaf: a tuned entry's, or the caller's), else the rule lean_default_leaf (host
   // code, split_model.cpp): leaf mode when one warp per chunk would not fill the GPU's warp slots once
@@ -1733,12 +1700,6 @@ inline void launch_lean(DecodeKernelParams kp, int batch, cudaStream_t stream) {
   static const int prep_env = env_int("KVPACK_LEAN_PREP_SPLIT", 0);
   const bool four = B2 != 0 && (prep_env ? prep_env == 4
                                           : int64_t{batch} * kp.num_kv_heads * 4 <= int64_t{2} * device_sm_count());
-  // KVPACK_LEAN_QREADY=1 (v81, measurement until a GPU has timed it): the lean warps wait for their own pair's
-  // preparation CTAs through q_ready instead of for the whole preparation grid (griddepcontrol.wait). Not in
-  // decode_step (the preparation waits for the write there) and only where the preparation and the merge (which
-  // resets the counter) both run. Same bits either way.
-  static const int qready_env = env_int("KVPACK_LEAN_QREADY", 0);
-  kp.q_ready_count = B2 != 0 && qready_env != 0 && !kp.prep_after_write && (only & 5) == 5 ? (four ? 4 : 1) : 0;
   if constexpr (B2 != 0)
     if (only & 1) {
       // decode_step (kp.prep_after_write): with PDL behind the write, which it waits for before it exits.
