@@ -84,7 +84,7 @@ constexpr int kMaxDepth = 16;
 // mbarrier once its warp's partial is in shared memory; one warp (chunk index mod 8, rotating) waits for all 256
 // arrivals, merges (the same arithmetic in the same warp order: the same bits) and stores the chunk's partial, then
 // arrives on a second mbarrier that a warp waits on before it overwrites its partial at the next chunk. The other 7
-// warps go straight on to the next chunk. -1 (the default): bf16 only, where it measured 1.015-1.041x at 32q/8kv on
+// warps go straight on to the next chunk. -1 (the default): bf16 only, where it measured 1.014-1.041x at 32q/8kv on
 // an H100; fp8 lost there at 128k (0.94-0.99x; bench/NOTES.md v80). 1: both formats, 0: neither (v17-v79's two
 // __syncthreads per chunk).
 #ifndef KVPACK_PIPE_ASYNC_MERGE
