@@ -705,7 +705,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     // Lanes holding the same heads (other tokens): the t4 quad, or (swap-AB) the 8 rows.
     constexpr int kRedFirst = kSwapK ? 4 : 1, kRedEnd = kSwapK ? 32 : 4;
 
-    for (int c = split; c < n_chunks; c += p.num_splits) {
+    // ci: this chunk's index in the CTA's sequence of chunks (the same for every warp).
+    for (int c = split, ci = 0; c < n_chunks; c += p.num_splits, ++ci) {
       const int chunk0 = c * kChunkTokens;
       const int nst = wsteps(c);
       float sc[kSteps][4];
@@ -809,9 +810,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       }
       // The warp's partial to shared memory, then the chunk's partial = the warps merged in order.
       // KVPACK_PIPE_ASYNC_MERGE: before this warp overwrites its partial, the previous chunk's merge has read it.
-      // ci: this chunk's index in the CTA's sequence of chunks (the same for every warp).
       if constexpr (kAsyncMerge) {
-        const int ci = (c - split) / p.num_splits;
         if (ci > 0) mbar_wait(&merge_bar_s[1], (ci - 1) & 1);
       }
 #pragma unroll
@@ -838,7 +837,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       }
       if constexpr (kAsyncMerge) {
         const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
-        const int ci = (c - split) / p.num_splits;
         mbar_arrive(&merge_bar_s[0]);
         if (warp == ci % kWarps) {
           mbar_wait(&merge_bar_s[0], ci & 1);
