@@ -3,7 +3,8 @@
 # decode modules ahead of time. Run on an x86-64 machine with network, python3 and nvcc 13.0 (the device's nvcc
 # version), from the repository root:
 #     bash bench/flashinfer/fetch_flashinfer.sh            # -> .whl/ (ignored by git; carry it: carry=[".whl"])
-# Env: FI_VERSION (0.7.4), TVM_FFI_VERSION (0.1.15.post2), DEST (.whl), WORK (/tmp/kvpack_fi_fetch), JOBS (2).
+# Env: FI_VERSION (0.7.4), TVM_FFI_VERSION (0.1.15.post2), DEST (.whl), WORK (/tmp/kvpack_fi_fetch), JOBS (2),
+# PREBUILD (1; 0: no prebuilt modules, no torch needed here, the device JIT-compiles them).
 #
 # What the device lacks (docs/PERFORMANCE.md, section "FlashInfer baseline"): flashinfer-python
 # itself and apache-tvm-ffi (its kernel-module ABI). Everything else `import flashinfer` and the two decode paths use
@@ -34,9 +35,14 @@ PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platfo
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 mkdir -p "$DEST" "$WORK"/dl "$WORK"/dl-local
 # The prebuild imports flashinfer on this machine: these must be importable here (pip install them).
+# PREBUILD=0 skips it (no torch needed here): the tarball then carries sources only, and the device JIT-compiles
+# the decode modules on first use with its own nvcc (device time: minutes, counted in the flashinfer step).
+PREBUILD=${PREBUILD:-1}
 missing=""
-for m in torch numpy packaging ninja jinja2 requests; do $PY -c "import $m" 2>/dev/null || missing+=" $m"; done
-[ -z "$missing" ] || { echo "error: fetch_flashinfer.sh needs these Python modules here:$missing (pip install them)" >&2; exit 1; }
+mods="packaging"
+[ "$PREBUILD" = 0 ] || mods="torch numpy packaging ninja jinja2 requests"
+for m in $mods; do $PY -c "import $m" 2>/dev/null || missing+=" $m"; done
+[ -z "$missing" ] || { echo "error: fetch_flashinfer.sh needs these Python modules here:$missing (pip install them; or PREBUILD=0 to skip the prebuild, which needs torch)" >&2; exit 1; }
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
@@ -97,10 +103,14 @@ for root, dirs, files in os.walk(src):
 print(f"kept {kept / 2**20:.1f} MiB, dropped {dropped / 2**20:.1f} MiB (unpacked)")
 EOF
 
-stamp "JIT-build the decode modules from the repacked tree (fresh cache; sm_90a; $JOBS jobs)"
-FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE="$WORK"/ws MAX_JOBS=$JOBS \
-  PATH=/usr/local/cuda/bin:$PATH PYTHONPATH="$WORK"/stage:"$WORK"/local \
-  nice -n 10 $PY "$HERE"/prebuild.py --out "$WORK"/stage/flashinfer/data/aot --which xqa,fa2 --groups 4,8
+if [ "$PREBUILD" = 0 ]; then
+  stamp "PREBUILD=0: no prebuilt modules; the device JIT-compiles them on first use"
+else
+  stamp "JIT-build the decode modules from the repacked tree (fresh cache; sm_90a; $JOBS jobs)"
+  FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE="$WORK"/ws MAX_JOBS=$JOBS \
+    PATH=/usr/local/cuda/bin:$PATH PYTHONPATH="$WORK"/stage:"$WORK"/local \
+    nice -n 10 $PY "$HERE"/prebuild.py --out "$WORK"/stage/flashinfer/data/aot --which xqa,fa2 --groups 4,8
+fi
 
 stamp "tar"
 OUTTAR="$DEST"/flashinfer-"$FI_VERSION"-kvpack.tar.xz
