@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One device call (bench/NOTES.md v80-v84): main as it now stands (v80's merge without CTA barriers for bf16 only,
-# the per-format default of KVPACK_PIPE_ASYNC_MERGE; v84's shared merge helpers), the whole GPU suite, then an A/B
-# (3 rounds, fp8 / bf16): main against ab5a551 (pre: before v84, whose fp8 merge SASS is rescheduled) on any GPU; on an
+# One device call (bench/NOTES.md v80-v84): main with bench/tools/v84.patch applied (v84's merge helpers; v80's merge
+# without CTA barriers for bf16 only, the per-format default of KVPACK_PIPE_ASYNC_MERGE), the whole GPU suite, then an
+# A/B (3 rounds, fp8 / bf16): that build against main as it is (pre: fp8's merge SASS differs) on any GPU; on an
 # H200 also against KVPACK_PIPE_SWAP_K=0 (v79's question) and KVPACK_PIPE_ASYNC_MERGE=1 (fp8 too, v80's), which the
 # H100s answered already. Files in $OUT: gpu_suite.log, ab_h200.json / .txt, log.txt.
 #   LIMIT_S=420 bash bench/tools/v82_device.sh        (H200_AB=1 runs the H200 variants on any GPU)
 source "$(dirname "$0")/device_env.sh" /tmp/v82_out /tmp/v82_work 420
+# v84 (the merge's chunk counter and shared helpers) is kept off main until a GPU has run it: applied here to the
+# device's copy of the tree (main = pre, built beside it from the same patch reversed).
+if patch -s -p1 --dry-run < bench/tools/v84.patch > /dev/null 2>&1; then patch -s -p1 < bench/tools/v84.patch; stamp "v84 applied"; fi
 h200=$(grep -c H200 "$OUT/env.log")
 [ -n "${H200_AB:-}" ] && h200=1
 if [ "$h200" -gt 0 ]; then

@@ -705,28 +705,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
     // Lanes holding the same heads (other tokens): the t4 quad, or (swap-AB) the 8 rows.
     constexpr int kRedFirst = kSwapK ? 4 : 1, kRedEnd = kSwapK ? 32 : 4;
 
-    // ci: this chunk's index in the CTA's sequence of chunks (the same for every warp).
-    // The chunk's partial = its 8 warp partials merged in warp order: head g's max m, sum l and warp weights f, then
-    // one element. Both merges (the CTA's behind barriers, and the rotating warp's) use these, so their bits agree.
-    auto merge_weights = [&](int g, float& m, float& l, float (&f)[kWarps]) {
-      m = -INFINITY;
-#pragma unroll
-      for (int w2 = 0; w2 < kWarps; ++w2) m = fmaxf(m, wml_s[w2][g].x);
-      const float mr = m == -INFINITY ? 0.f : m;
-      l = 0.f;
-#pragma unroll
-      for (int w2 = 0; w2 < kWarps; ++w2) {
-        f[w2] = exp2f(wml_s[w2][g].x - mr);
-        l = fmaf(wml_s[w2][g].y, f[w2], l);
-      }
-    };
-    auto merge_elem = [&](int g, int d, const float (&f)[kWarps]) {
-      float a = 0.f;
-#pragma unroll
-      for (int w2 = 0; w2 < kWarps; ++w2) a = fmaf(red_s[(w2 * GMAX + g) * D + d], f[w2], a);
-      return a;
-    };
-    for (int c = split, ci = 0; c < n_chunks; c += p.num_splits, ++ci) {
+    for (int c = split; c < n_chunks; c += p.num_splits) {
       const int chunk0 = c * kChunkTokens;
       const int nst = wsteps(c);
       float sc[kSteps][4];
@@ -830,7 +809,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       }
       // The warp's partial to shared memory, then the chunk's partial = the warps merged in order.
       // KVPACK_PIPE_ASYNC_MERGE: before this warp overwrites its partial, the previous chunk's merge has read it.
+      // ci: this chunk's index in the CTA's sequence of chunks (the same for every warp).
       if constexpr (kAsyncMerge) {
+        const int ci = (c - split) / p.num_splits;
         if (ci > 0) mbar_wait(&merge_bar_s[1], (ci - 1) & 1);
       }
 #pragma unroll
@@ -857,15 +838,29 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
       }
       if constexpr (kAsyncMerge) {
         const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
+        const int ci = (c - split) / p.num_splits;
         mbar_arrive(&merge_bar_s[0]);
         if (warp == ci % kWarps) {
           mbar_wait(&merge_bar_s[0], ci & 1);
-          // Each head's weights once per lane, not per element.
+          // The arithmetic of the barrier path below, each head's weights computed once per lane, not per element.
           for (int g = 0; g < p.group; ++g) {
-            float m, l, f[kWarps];
-            merge_weights(g, m, l, f);
+            float m = -INFINITY;
 #pragma unroll
-            for (int d = lane; d < D; d += 32) p.ws_acc[(base * p.group + g) * D + d] = merge_elem(g, d, f);
+            for (int w2 = 0; w2 < kWarps; ++w2) m = fmaxf(m, wml_s[w2][g].x);
+            const float mr = m == -INFINITY ? 0.f : m;
+            float f[kWarps], l = 0.f;
+#pragma unroll
+            for (int w2 = 0; w2 < kWarps; ++w2) {
+              f[w2] = exp2f(wml_s[w2][g].x - mr);
+              l = fmaf(wml_s[w2][g].y, f[w2], l);
+            }
+#pragma unroll
+            for (int d = lane; d < D; d += 32) {
+              float a = 0.f;
+#pragma unroll
+              for (int w2 = 0; w2 < kWarps; ++w2) a = fmaf(red_s[(w2 * GMAX + g) * D + d], f[w2], a);
+              p.ws_acc[(base * p.group + g) * D + d] = a;
+            }
             if (lane == 0) p.ws_ml[base * p.group + g] = make_float2(m, l);
           }
           mbar_arrive(&merge_bar_s[1]);
@@ -875,9 +870,18 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_kernel(const Decod
         const int64_t base = (int64_t{b} * H + h) * p.max_chunks + c;
         for (int i = tid; i < p.group * D; i += kThreads) {
           const int g = i / D, d = i % D;
-          float m, l, f[kWarps];
-          merge_weights(g, m, l, f);
-          p.ws_acc[base * p.group * D + i] = merge_elem(g, d, f);
+          float m = -INFINITY;
+#pragma unroll
+          for (int w2 = 0; w2 < kWarps; ++w2) m = fmaxf(m, wml_s[w2][g].x);
+          const float mr = m == -INFINITY ? 0.f : m;
+          float a = 0.f, l = 0.f;
+#pragma unroll
+          for (int w2 = 0; w2 < kWarps; ++w2) {
+            const float f = exp2f(wml_s[w2][g].x - mr);
+            a = fmaf(red_s[(w2 * GMAX + g) * D + d], f, a);
+            l = fmaf(wml_s[w2][g].y, f, l);
+          }
+          p.ws_acc[base * p.group * D + i] = a;
           if (d == 0) p.ws_ml[base * p.group + g] = make_float2(m, l);
         }
         __syncthreads();
