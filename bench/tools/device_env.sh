@@ -93,6 +93,7 @@ bench_ab() {
   shift 2
   mkdir -p "$dir"
   for r in $(seq 1 "$rounds"); do
+    [ "$(left)" -gt 30 ] || break  # the rounds already summarised stay in $OUT
     local order=("$@")
     [ $((r % 2)) -eq 0 ] && order=($(printf '%s\n' "$@" | tac))
     for v in "${order[@]}"; do "${v#*=}" bench $GRID --json "$dir/ab_${v%%=*}_$r.json" > /dev/null 2>&1; done

@@ -32,7 +32,7 @@ GRID="--formats fp8,bf16 --shapes 32/8/128,8/1/128 --batch 1,8,32,64 --context 3
 [ ${#variants[@]} -gt 1 ] && [ "$(left)" -gt 40 ] && bench_ab "$W/ab_h200" 3 "${variants[@]}"
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
   echo "== whole GPU suite"; grep -E "^\[==========\]|^\[  (FAILED|PASSED)|Failure" "$OUT/gpu_suite.log" | head -30
-  echo "== A/B: base = main, pre = ab5a551, swap0 = KVPACK_PIPE_SWAP_K=0, amerge1 = KVPACK_PIPE_ASYNC_MERGE=1"
+  echo "== A/B: base = main + v84, pre = main, swap0 = KVPACK_PIPE_SWAP_K=0, amerge1 = KVPACK_PIPE_ASYNC_MERGE=1"
   cat "$OUT/ab_ab_h200.txt" 2>/dev/null; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
 stamp "done"
