@@ -38,11 +38,12 @@ mkdir -p "$DEST" "$WORK"/dl "$WORK"/dl-local
 # PREBUILD=0 skips it (no torch needed here): the tarball then carries sources only, and the device JIT-compiles
 # the decode modules on first use with its own nvcc (device time: minutes, counted in the flashinfer step).
 PREBUILD=${PREBUILD:-1}
-missing=""
-mods="packaging"
-[ "$PREBUILD" = 0 ] || mods="torch numpy packaging ninja jinja2 requests"
-for m in $mods; do $PY -c "import $m" 2>/dev/null || missing+=" $m"; done
-[ -z "$missing" ] || { echo "error: fetch_flashinfer.sh needs these Python modules here:$missing (pip install them; or PREBUILD=0 to skip the prebuild, which needs torch)" >&2; exit 1; }
+if [ "$PREBUILD" != 0 ]; then
+  missing=""
+  for m in torch numpy packaging ninja jinja2 requests; do $PY -c "import $m" 2>/dev/null || missing+=" $m"; done
+  [ -z "$missing" ] || { echo "error: fetch_flashinfer.sh needs these Python modules here:$missing" \
+    "(pip install them; or PREBUILD=0 to skip the prebuild, which needs torch)" >&2; exit 1; }
+fi
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
@@ -51,20 +52,21 @@ $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
   --platform any -d "$WORK"/dl "flashinfer-python==$FI_VERSION"
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLAT[@]}" \
   -d "$DEST" "apache-tvm-ffi==$TVM_FFI_VERSION"
-# the same tvm-ffi for this machine's python (the prebuild imports flashinfer here)
-$PY -m pip download -q --no-deps --only-binary=:all: -d "$WORK"/dl-local "apache-tvm-ffi==$TVM_FFI_VERSION"
 WHEEL=$(ls "$WORK"/dl/flashinfer_python-"$FI_VERSION"-*.whl)
 
 stamp "unpack and repack $(basename "$WHEEL") ($(du -m "$WHEEL" | cut -f1) MB)"
 rm -rf "$WORK"/full "$WORK"/stage "$WORK"/local "$WORK"/ws "$WORK"/aot
 mkdir -p "$WORK"/full "$WORK"/stage "$WORK"/local
 (cd "$WORK"/full && unzip -q "$WHEEL")
-$PY -m pip install -q --no-index --no-deps --no-compile --target "$WORK"/local "$WORK"/dl-local/apache_tvm_ffi-*.whl
-# modules the device has but this machine may lack (only for the local import)
-for m in pynvml:nvidia-ml-py einops:einops tabulate:tabulate tqdm:tqdm filelock:filelock; do
-  $PY -c "import ${m%%:*}" 2>/dev/null || { $PY -m pip download -q --no-deps -d "$WORK"/dl-local "${m#*:}" &&
-    $PY -m pip install -q --no-index --no-deps --no-compile --target "$WORK"/local "$WORK"/dl-local/"$(echo "${m#*:}" | tr - _)"-*.whl; }
-done
+if [ "$PREBUILD" != 0 ]; then  # the prebuild imports flashinfer here: tvm-ffi for this machine's python, and
+  # the modules the device has but this machine may lack, into $WORK/local
+  $PY -m pip download -q --no-deps --only-binary=:all: -d "$WORK"/dl-local "apache-tvm-ffi==$TVM_FFI_VERSION"
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$WORK"/local "$WORK"/dl-local/apache_tvm_ffi-*.whl
+  for m in pynvml:nvidia-ml-py einops:einops tabulate:tabulate tqdm:tqdm filelock:filelock; do
+    $PY -c "import ${m%%:*}" 2>/dev/null || { $PY -m pip download -q --no-deps -d "$WORK"/dl-local "${m#*:}" &&
+      $PY -m pip install -q --no-index --no-deps --no-compile --target "$WORK"/local "$WORK"/dl-local/"$(echo "${m#*:}" | tr - _)"-*.whl; }
+  done
+fi
 $PY - "$WORK"/full "$WORK"/stage <<'EOF'
 import os, shutil, sys
 src, dst = sys.argv[1], sys.argv[2]

@@ -2,9 +2,9 @@
 # One device call (bench/NOTES.md v80; run 2026-12-08 on an H100): the warp pipeline's per-chunk merge without CTA
 # barriers (bf16 / fp8 regular kernel), built with -DKVPACK_PIPE_ASYNC_MERGE=1 (both formats) into build-amerge
 # beside the default build (when it ran: v79's two __syncthreads per chunk for both; since then the default, -1,
-# takes the new merge for bf16, so a rerun's A/B compares fp8 only). The new build's bf16 / fp8 GPU tests, memcheck and racecheck
-# (the new synchronisation is mbarrier-based), then the A/B of the two builds, 3 rounds (fp8 at 8q/1kv runs the lean
-# kernel: the control). Files in $OUT: tests.log, sanitizer.log, ab_amerge.json / .txt, log.txt.
+# takes the new merge for bf16, so a rerun's A/B compares fp8 only). The new build's bf16 / fp8 GPU tests, memcheck
+# and racecheck (the new synchronisation is mbarrier-based), then the A/B of the two builds, 3 rounds (fp8 at 8q/1kv
+# runs the lean kernel: the control). Files in $OUT: tests.log, sanitizer.log, ab_amerge.json / .txt, log.txt.
 #   LIMIT_S=240 bash bench/tools/v80_device.sh
 source "$(dirname "$0")/device_env.sh" /tmp/v80_out /tmp/v80_work 240
 start_stamps_build KVPACK_PIPE_ASYNC_MERGE=1 build-amerge 8 "kvpack_cli kvpack_gpu_tests"

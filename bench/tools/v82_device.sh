@@ -8,7 +8,9 @@
 source "$(dirname "$0")/device_env.sh" /tmp/v82_out /tmp/v82_work 420
 # v84 (the merge's chunk counter and shared helpers) is kept off main until a GPU has run it: applied here to the
 # device's copy of the tree (main = pre, built beside it from the same patch reversed).
-if patch -s -p1 --dry-run < bench/tools/v84.patch > /dev/null 2>&1; then patch -s -p1 < bench/tools/v84.patch; stamp "v84 applied"; fi
+if patch -s -p1 --dry-run < bench/tools/v84.patch > /dev/null 2>&1; then
+  patch -s -p1 < bench/tools/v84.patch; stamp "v84 applied"
+fi
 h200=$(grep -c H200 "$OUT/env.log")
 [ -n "${H200_AB:-}" ] && h200=1
 if [ "$h200" -gt 0 ]; then

@@ -31,6 +31,8 @@ for s in sys.argv[2:]:
 json.dump(rows, open(os.path.join(out, "ab_v83.json"), "w"), indent=1)
 PY
 { cat "$OUT/env.log"; rm -f "$OUT/env.log"
-  for s in $SWITCHES; do echo "== $s"; cat "$OUT/ab_$s.txt" 2>/dev/null; rm -f "$OUT/ab_$s.txt"; done; } > "$OUT/log.txt"
+  for s in $SWITCHES; do
+    echo "== $s"; cat "$OUT/ab_$s.txt" 2>/dev/null; rm -f "$OUT/ab_$s.txt"
+  done; } > "$OUT/log.txt"
 rm -f "$OUT/build.log"
 stamp "done"
